@@ -1,0 +1,29 @@
+"""Registry of every op builder, by name (what ds_report and setup.py iterate)."""
+
+from __future__ import annotations
+
+from .builder import OpBuilder
+from .cpu_adagrad import CPUAdagradBuilder
+from .cpu_adam import CPUAdamBuilder
+from .cpu_lion import CPULionBuilder
+
+ALL_OPS: dict[str, type[OpBuilder]] = {
+    b.NAME: b for b in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder)
+}
+
+
+def register(builder: type[OpBuilder]) -> None:
+    ALL_OPS[builder.NAME] = builder
+
+
+def _register_cuda_ops() -> None:
+    try:
+        from .fused_adam import FusedAdamBuilder
+        from .fused_lamb import FusedLambBuilder
+    except ImportError:  # pragma: no cover - files land with the CUDA ops
+        return
+    register(FusedAdamBuilder)
+    register(FusedLambBuilder)
+
+
+_register_cuda_ops()

@@ -1,0 +1,3 @@
+from .cpu_adagrad import DeepSpeedCPUAdagrad
+
+__all__ = ["DeepSpeedCPUAdagrad"]

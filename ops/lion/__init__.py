@@ -1,0 +1,3 @@
+from .cpu_lion import DeepSpeedCPULion
+
+__all__ = ["DeepSpeedCPULion"]
