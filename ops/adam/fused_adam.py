@@ -101,9 +101,11 @@ class FusedAdam(torch.optim.Optimizer):
         lr, eps, wd = float(group["lr"]), float(group["eps"]), float(group["weight_decay"])
         bc = bool(group["bias_correction"])
         op = self._op(device.type)
+        # The kernels need contiguous params; step a contiguous copy and copy it back.
+        params = [p if p.is_contiguous() else p.contiguous() for p in lists["p"]]
         if device.type == "cuda":
             op.multi_tensor_adam(
-                lists["p"],
+                params,
                 lists["g"],
                 lists["m"],
                 lists["v"],
@@ -116,23 +118,21 @@ class FusedAdam(torch.optim.Optimizer):
                 bc,
                 wd,
             )
-            return
-        # The CPU kernel needs contiguous params; copy back any that were not.
-        params = [p if p.is_contiguous() else p.contiguous() for p in lists["p"]]
-        op.adam_step(
-            params,
-            lists["g"],
-            lists["m"],
-            lists["v"],
-            group["step"],
-            lr,
-            beta1,
-            beta2,
-            eps,
-            wd,
-            bc,
-            self.adam_w_mode,
-        )
+        else:
+            op.adam_step(
+                params,
+                lists["g"],
+                lists["m"],
+                lists["v"],
+                group["step"],
+                lr,
+                beta1,
+                beta2,
+                eps,
+                wd,
+                bc,
+                self.adam_w_mode,
+            )
         for dst, src in zip(lists["p"], params):
             if dst is not src:
                 dst.copy_(src)

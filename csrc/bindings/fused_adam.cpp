@@ -1,0 +1,130 @@
+// torch.ops.ds_fused_adam: checks every input, then hands plain pointers to the CUDA core.
+#include <ATen/core/Tensor.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "fused_adam/fused_adam.h"
+
+namespace {
+
+constexpr const char* kOp = "multi_tensor_adam";
+
+ds::DType to_dtype(at::ScalarType t) {
+  if (t == at::kHalf) return ds::DType::kFloat16;
+  if (t == at::kBFloat16) return ds::DType::kBFloat16;
+  return ds::DType::kFloat32;  // callers pass only checked dtypes
+}
+
+void check_tensor(const at::Tensor& t, const char* name, size_t i, const at::Tensor& p0,
+                  const at::Tensor& p) {
+  TORCH_CHECK(t.defined(), kOp, ": ", name, "[", i, "] is undefined");
+  TORCH_CHECK(t.is_cuda(), kOp, ": ", name, "[", i, "] must be a CUDA tensor, got ", t.device());
+  TORCH_CHECK(t.device() == p0.device(), kOp, ": ", name, "[", i, "] is on ", t.device(),
+              " but params[0] is on ", p0.device(), "; all tensors must share one device");
+  TORCH_CHECK(t.is_contiguous(), kOp, ": ", name, "[", i, "] must be contiguous");
+  TORCH_CHECK(t.numel() == p.numel(), kOp, ": ", name, "[", i, "] has ", t.numel(),
+              " elements but params[", i, "] has ", p.numel());
+}
+
+void check_hyper(double lr, double beta1, double beta2, double eps, int64_t step,
+                 double weight_decay) {
+  TORCH_CHECK(std::isfinite(lr) && lr >= 0, kOp, ": lr must be finite and >= 0, got ", lr);
+  TORCH_CHECK(beta1 >= 0 && beta1 < 1, kOp, ": beta1 must be in [0, 1), got ", beta1);
+  TORCH_CHECK(beta2 >= 0 && beta2 < 1, kOp, ": beta2 must be in [0, 1), got ", beta2);
+  TORCH_CHECK(std::isfinite(eps) && eps >= 0, kOp, ": eps must be finite and >= 0, got ", eps);
+  TORCH_CHECK(step >= 1, kOp, ": step must be >= 1, got ", step);
+  TORCH_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, kOp,
+              ": weight_decay must be finite and >= 0, got ", weight_decay);
+}
+
+void multi_tensor_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
+                       at::TensorList exp_avg_sqs, double lr, double beta1, double beta2,
+                       double eps, int64_t step, bool adam_w_mode, bool bias_correction,
+                       double weight_decay) {
+  const size_t n = params.size();
+  TORCH_CHECK(grads.size() == n, kOp, ": grads has ", grads.size(), " tensors but params has ", n);
+  TORCH_CHECK(exp_avgs.size() == n, kOp, ": exp_avgs has ", exp_avgs.size(),
+              " tensors but params has ", n);
+  TORCH_CHECK(exp_avg_sqs.size() == n, kOp, ": exp_avg_sqs has ", exp_avg_sqs.size(),
+              " tensors but params has ", n);
+  TORCH_CHECK(n <= size_t(INT_MAX), kOp, ": too many tensors (", n, ")");
+  check_hyper(lr, beta1, beta2, eps, step, weight_decay);
+  if (n == 0) return;
+
+  const at::Tensor& p0 = params[0];
+  for (size_t i = 0; i < n; ++i) {
+    const at::Tensor& p = params[i];
+    check_tensor(p, "params", i, p0, p);
+    check_tensor(grads[i], "grads", i, p0, p);
+    check_tensor(exp_avgs[i], "exp_avgs", i, p0, p);
+    check_tensor(exp_avg_sqs[i], "exp_avg_sqs", i, p0, p);
+    const auto pt = p.scalar_type();
+    TORCH_CHECK(pt == at::kFloat || pt == at::kHalf || pt == at::kBFloat16, kOp, ": params[", i,
+                "] must be float32, float16 or bfloat16, got ", pt);
+    TORCH_CHECK(grads[i].scalar_type() == pt || grads[i].scalar_type() == at::kFloat, kOp,
+                ": grads[", i, "] must be float32 or match params[", i, "] (", pt, "), got ",
+                grads[i].scalar_type());
+    TORCH_CHECK(exp_avgs[i].scalar_type() == at::kFloat, kOp, ": exp_avgs[", i,
+                "] must be float32, got ", exp_avgs[i].scalar_type());
+    TORCH_CHECK(exp_avg_sqs[i].scalar_type() == at::kFloat, kOp, ": exp_avg_sqs[", i,
+                "] must be float32, got ", exp_avg_sqs[i].scalar_type());
+  }
+
+  ds::FusedAdamParams hp;
+  hp.lr = static_cast<float>(lr);
+  hp.beta1 = static_cast<float>(beta1);
+  hp.beta2 = static_cast<float>(beta2);
+  hp.eps = static_cast<float>(eps);
+  hp.weight_decay = static_cast<float>(weight_decay);
+  hp.step = step;
+  hp.adam_w_mode = adam_w_mode;
+  hp.bias_correction = bias_correction;
+
+  const c10::cuda::CUDAGuard guard(p0.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(p0.device().index()).stream();
+
+  // The core takes one (param, grad) dtype pair per launch: run each pair present.
+  constexpr at::ScalarType kTypes[] = {at::kFloat, at::kHalf, at::kBFloat16};
+  for (const auto pt : kTypes) {
+    for (const auto gt : kTypes) {
+      if (!ds::fused_adam_supports(to_dtype(pt), to_dtype(gt))) continue;
+      std::vector<void*> p, g, m, v;
+      std::vector<int64_t> numel;
+      for (size_t i = 0; i < n; ++i) {
+        if (params[i].scalar_type() != pt || grads[i].scalar_type() != gt) continue;
+        p.push_back(params[i].data_ptr());
+        g.push_back(const_cast<void*>(grads[i].const_data_ptr()));
+        m.push_back(exp_avgs[i].data_ptr());
+        v.push_back(exp_avg_sqs[i].data_ptr());
+        numel.push_back(params[i].numel());
+      }
+      if (p.empty()) continue;
+      ds::FusedAdamTensors ts;
+      ts.n = static_cast<int>(p.size());
+      ts.params = p.data();
+      ts.grads = g.data();
+      ts.exp_avgs = m.data();
+      ts.exp_avg_sqs = v.data();
+      ts.numel = numel.data();
+      C10_CUDA_CHECK(ds::launch_fused_adam(hp, ts, to_dtype(pt), to_dtype(gt), stream));
+    }
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(ds_fused_adam, m) {
+  m.def(
+      "multi_tensor_adam(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, float lr, float beta1, float beta2, float eps, int step, "
+      "bool adam_w_mode, bool bias_correction, float weight_decay) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(ds_fused_adam, CUDA, m) { m.impl("multi_tensor_adam", &multi_tensor_adam); }
