@@ -1,0 +1,3 @@
+from deepspeed_ext.accelerator import get_accelerator, set_accelerator
+
+__all__ = ["get_accelerator", "set_accelerator"]

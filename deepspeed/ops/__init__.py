@@ -1,0 +1,3 @@
+from . import adagrad, adam, lamb, lion, op_builder
+
+__all__ = ["adagrad", "adam", "lamb", "lion", "op_builder"]

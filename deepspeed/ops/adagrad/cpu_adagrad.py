@@ -1,0 +1,3 @@
+from deepspeed_ext.ops.adagrad.cpu_adagrad import DeepSpeedCPUAdagrad
+
+__all__ = ["DeepSpeedCPUAdagrad"]

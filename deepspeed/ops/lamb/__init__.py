@@ -1,0 +1,3 @@
+from deepspeed_ext.ops.lamb import FusedLamb
+
+__all__ = ["FusedLamb"]

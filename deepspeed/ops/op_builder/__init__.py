@@ -1,0 +1,29 @@
+"""Upstream's `deepspeed.ops.op_builder`: the builder classes, re-exported."""
+
+from deepspeed_ext.op_builder import (
+    ALL_OPS,
+    Compat,
+    CPUAdagradBuilder,
+    CPUAdamBuilder,
+    CPULionBuilder,
+    CPUOpBuilder,
+    CUDAOpBuilder,
+    OpBuilder,
+    OpBuildError,
+)
+from deepspeed_ext.op_builder.fused_adam import FusedAdamBuilder
+from deepspeed_ext.op_builder.fused_lamb import FusedLambBuilder
+
+__all__ = [
+    "ALL_OPS",
+    "CPUAdagradBuilder",
+    "CPUAdamBuilder",
+    "CPULionBuilder",
+    "CPUOpBuilder",
+    "CUDAOpBuilder",
+    "Compat",
+    "FusedAdamBuilder",
+    "FusedLambBuilder",
+    "OpBuildError",
+    "OpBuilder",
+]
