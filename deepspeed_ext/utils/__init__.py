@@ -1,0 +1,1 @@
+"""Small stdlib-only leaves (layer 0)."""

@@ -1,0 +1,49 @@
+"""The README's two commands stay what CI and users run; the main job trains for real."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _readme_commands() -> list[str]:
+    block = re.search(
+        r"## Set up and run.*?```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S
+    )
+    assert block, "README lost its set-up block"
+    return [ln for ln in block.group(1).splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
+    cmds = _readme_commands()
+    assert len(cmds) == 2, cmds
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"TEST_CMD='{cmds[1]}'" in ci, "the .ci/run test command must be the README's"
+
+
+def test_main_job_runs_and_writes_checkpoint_and_png(tmp_path):
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "examples" / "train_tiny_gpt.py"),
+            "--steps",
+            "80",
+            "--print-every",
+            "20",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "samples/s" in r.stdout and "peak mem" in r.stdout
+    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import torch
+
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 80 and "exp_avg" in next(iter(ckpt["optimizer"]["state"].values()))
