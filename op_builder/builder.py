@@ -216,6 +216,12 @@ class OpBuilder:
     def _jit_build(self, d: Path, verbose: bool) -> Path:
         from torch.utils import cpp_extension
 
+        if not cpp_extension.is_ninja_available():
+            raise OpBuildError(
+                f"op '{self.NAME}' must be built (first use) but ninja is not available; "
+                "fix: pip install ninja (or install the op prebuilt: DS_BUILD_OPS=1 pip install "
+                "--no-build-isolation .)"
+            )
         stamp = self._stamp()
         (d / "stamp").unlink(missing_ok=True)
         print(f"[deepspeed_ext] building op '{self.NAME}' (first use) in {d}", file=sys.stderr)

@@ -117,3 +117,16 @@ def test_sources_exist_for_every_op():
     for name, cls in ALL_OPS.items():
         for s in cls().sources():
             assert Path(s).is_file(), f"{name}: missing source {s}"
+
+
+def test_missing_ninja_is_named_with_the_fix(tmp_path, monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setenv("DS_EXT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: False)
+
+    class Fresh(ALL_OPS["cpu_lion"]):  # a name no earlier test has loaded in this process
+        NAME = "cpu_lion_fresh"
+
+    with pytest.raises(OpBuildError, match=r"op 'cpu_lion_fresh'.*pip install ninja"):
+        Fresh().load()
