@@ -323,7 +323,14 @@ class CPUOpBuilder(OpBuilder):
         return self.simd()
 
     def cxx_flags(self) -> list[str]:
-        return [*super().cxx_flags(), *cpu_features.simd_flags(self.simd())]
+        # [Note: CPU op threads] at::parallel_for is an inline template whose OpenMP pragma
+        # compiles into *our* object: without -fopenmp it silently runs on one thread.
+        # Linking libgomp.so.1 binds to the copy torch has already loaded (same soname), so
+        # torch.set_num_threads governs our kernels too.
+        return [*super().cxx_flags(), *cpu_features.simd_flags(self.simd()), "-fopenmp"]
+
+    def ld_flags(self) -> list[str]:
+        return [*super().ld_flags(), "-fopenmp"]
 
     def is_compatible(self, verbose: bool = False) -> Compat:
         if platform.machine().lower() not in ("x86_64", "amd64", "aarch64", "arm64"):

@@ -31,8 +31,11 @@ AdamCoeffs coeffs(const AdamParams& hp) {
 }
 
 template <class P, class G, class S>
-void update(const AdamCoeffs& c, P* p, const G* g, S* m, S* v, int64_t n) {
-  for_each_lane(n, [&](auto ops, int64_t i) {
+void update(const AdamCoeffs& coeffs_in, P* p, const G* g, S* m, S* v, int64_t n) {
+  // By value: stores through p/m/v could alias a referenced struct, which would force a
+  // reload and re-broadcast of every coefficient for every vector.
+  const AdamCoeffs c = coeffs_in;
+  for_each_lane(n, [c, p, g, m, v](auto ops, int64_t i) {
     using O = decltype(ops);
     auto gv = O::load(g + i);
     auto pv = O::load(p + i);
