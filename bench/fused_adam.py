@@ -15,17 +15,15 @@ Without a CUDA GPU it prints "needs a CUDA GPU; skipped" and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+from common import copy_bandwidth, machine_info, result_path, write_result
 
 BYTES_PER_PARAM = 28  # fp32 Adam: 4 streams read, 3 written, 4 bytes each
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def parse_args() -> argparse.Namespace:
@@ -41,7 +39,7 @@ def parse_args() -> argparse.Namespace:
     if args.smoke:
         args.params, args.tensors, args.reps, args.warmup, args.copy_gib = 2_000_000, 30, 3, 1, 0.05
     if args.out is None:
-        args.out = RESULTS / ("fused_adam_smoke.json" if args.smoke else "fused_adam.json")
+        args.out = result_path("fused_adam", args.smoke)
     return args
 
 
@@ -62,17 +60,6 @@ def time_ms(acc: Any, fn: Any) -> float:
     end.record()
     acc.synchronize()
     return float(start.elapsed_time(end))
-
-
-def copy_bandwidth(acc: Any, gib: float, reps: int) -> tuple[list[float], float]:
-    """Raw copy times (ms) and the median bandwidth in GB/s, counting read + write."""
-    n = int(gib * 2**30) // 4
-    src = torch.empty(n, dtype=torch.float32, device="cuda").uniform_()
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    times = [time_ms(acc, lambda: dst.copy_(src)) for _ in range(reps)]
-    return times, 2 * n * 4 / (statistics.median(times) * 1e-3) / 1e9
 
 
 def main() -> int:
@@ -104,7 +91,8 @@ def main() -> int:
     for rep in range(args.reps):
         for name in names if rep % 2 == 0 else reversed(names):
             raw[name].append(time_ms(acc, opts[name].step))
-    copy_times, copy_gbps = copy_bandwidth(acc, args.copy_gib, max(args.reps, 5))
+    copy = copy_bandwidth(int(args.copy_gib * 2**30), max(args.reps, 5), device="cuda", warmup=3)
+    copy_gbps = copy.gbps
 
     medians = {n: statistics.median(t) for n, t in raw.items()}
     gbps = {n: BYTES_PER_PARAM * args.params / (ms * 1e-3) / 1e9 for n, ms in medians.items()}
@@ -131,23 +119,15 @@ def main() -> int:
             "smoke": args.smoke,
             "hyperparameters": {**hp, "betas": list(hp["betas"])},
         },
-        "machine": {
-            "gpu": gpu,
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "python": platform.python_version(),
-            "host": platform.node(),
-        },
+        "machine": machine_info("cuda"),
         "raw_ms": raw,
         "median_ms": medians,
         "effective_gbps": gbps,
-        "copy": {"gib": args.copy_gib, "raw_ms": copy_times, "median_gbps": copy_gbps},
+        "copy": {"gib": args.copy_gib, **copy.as_dict()},
         "fraction_of_copy_bandwidth": {n: gbps[n] / copy_gbps for n in names},
         "time_ratio_vs_torch_fused": ratios,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    print(f"wrote {write_result('fused_adam', result, args.smoke, path=args.out)}")
     return 0
 
 

@@ -1,0 +1,35 @@
+"""Benchmarks run in smoke mode (tiny sizes, no speed assertion) so they cannot rot."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize(
+    "script,args,result",
+    [
+        ("cpu_adam.py", ["--smoke", "--no-upstream"], "cpu_adam_smoke.json"),
+        ("fused_adam.py", ["--smoke"], None),  # prints "skipped" without a GPU
+    ],
+)
+def test_bench_smoke(script, args, result, tmp_path):
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "DS_BENCH_RESULTS": str(tmp_path)},
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    if result:
+        data = json.loads((tmp_path / result).read_text())
+        for case in ("fp32", "bf16"):
+            medians = data["cases"][case]["median_step_s"]
+            assert medians["ours DeepSpeedCPUAdam"] > 0, medians
+            assert len(medians) >= 3, medians  # ours and the two torch peers
