@@ -1,0 +1,72 @@
+"""Rules that tie sections together (one key's meaning depends on another's). A key still
+"auto" is skipped: its value is not known yet."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import DeepSpeedConfig
+
+Check = Callable[["DeepSpeedConfig", set[str]], list[str]]
+
+
+def _precision(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    out = []
+    if cfg.fp16.enabled and cfg.bf16.enabled:
+        out.append("fp16.enabled and bf16.enabled are both true; enable one of them")
+    if cfg.amp is not None and cfg.amp.enabled and (cfg.fp16.enabled or cfg.bf16.enabled):
+        out.append("amp.enabled cannot be combined with fp16.enabled or bf16.enabled")
+    fp16 = cfg.fp16
+    if fp16.enabled and fp16.dynamic_loss_scale:  # only dynamic scaling uses these two
+        for key in ("loss_scale_window", "min_loss_scale"):
+            if getattr(fp16, key) <= 0 and f"fp16.{key}" not in autos:
+                out.append(f"fp16.{key} must be > 0 with dynamic loss scaling (loss_scale 0)")
+    return out
+
+
+def _offload(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    zero, out = cfg.zero_optimization, []
+    for name in ("offload_param", "offload_optimizer"):
+        section = getattr(zero, name)
+        if section is not None and section.device == "nvme" and not section.nvme_path:
+            out.append(f'zero_optimization.{name}.nvme_path is required with device "nvme"')
+    opt = zero.offload_optimizer
+    if opt is not None and opt.ratio < 1.0 and zero.stage != 3:
+        out.append("zero_optimization.offload_optimizer.ratio < 1 (partial offload) needs stage 3")
+    return out
+
+
+def _zero_stage(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    zero, out = cfg.zero_optimization, []
+    if not zero.compute_grad_norm and zero.stage not in (1, 2):
+        out.append("zero_optimization.compute_grad_norm false is supported with stage 1 or 2 only")
+    if cfg.gradient_allreduce_op == "sum":
+        clashes = {
+            "zero_optimization.stage 3": zero.stage == 3,
+            "zero_optimization.zenflow": zero.zenflow is not None,
+            "compile.deepcompile": cfg.compile.deepcompile,
+        }
+        out += [
+            f'gradient_allreduce_op "sum" does not work with {k}' for k, on in clashes.items() if on
+        ]
+    needs_zero = {
+        "fp16.fp16_master_weights_and_grads": cfg.fp16.fp16_master_weights_and_grads,
+        "bf16.bf16_master_weights_and_grads": cfg.bf16.bf16_master_weights_and_grads,
+        "bf16.bf16_optimizer_states": cfg.bf16.bf16_optimizer_states,
+    }
+    for key, on in needs_zero.items():
+        if on and zero.stage == 0:
+            out.append(f"{key} needs zero_optimization.stage 1, 2 or 3")
+    if cfg.bf16.bf16_optimizer_states and not cfg.bf16.bf16_master_weights_and_grads:
+        out.append("bf16.bf16_optimizer_states needs bf16.bf16_master_weights_and_grads")
+    return out
+
+
+CHECKS: tuple[Check, ...] = (_precision, _offload, _zero_stage)
+
+
+def consistency(cfg: DeepSpeedConfig) -> list[str]:
+    autos = set(cfg.unresolved_autos())
+    return [problem for check in CHECKS for problem in check(cfg, autos)]

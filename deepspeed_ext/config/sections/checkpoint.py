@@ -1,0 +1,35 @@
+"""`checkpoint`: checkpoint tag validation, universal checkpoints and the writer engine."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from ..types import Bool, Int, Section, ToUpper
+
+
+class ParallelWriteConfig(Section):
+    # Pipeline stages write their layers in parallel.
+    pipeline_stage: Bool = False
+
+
+class WriterConfig(Section):
+    type: Annotated[Literal["MOCK", "PYTHON", "FAST"], ToUpper] = "FAST"
+    io_buffer_size: Int = Field(default=64 * 1024**2, gt=0)
+    io_buffer_double: Bool = True
+    show_statistics: Bool = False
+    # None: every rank writes its own shard.
+    data_parallel: Annotated[Literal["REPLICA", "SOCKET", "MACHINE"], ToUpper] | None = None
+    decoupled: Bool = False
+    io_multiplier: Int = 1
+
+
+class CheckpointConfig(Section):
+    # What to do when ranks disagree on the checkpoint tag (case-insensitive upstream).
+    tag_validation: Annotated[Literal["WARN", "IGNORE", "FAIL"], ToUpper] = "WARN"
+    load_universal: Bool = False
+    use_node_local_storage: Bool = False
+    parallel_write: ParallelWriteConfig = ParallelWriteConfig()
+    checkpoint_serialization: Bool = True
+    writer: WriterConfig | None = None

@@ -1,0 +1,14 @@
+"""`wandb`: send the step metrics to Weights & Biases."""
+
+from __future__ import annotations
+
+from ..types import Bool, Section, Str
+
+
+class WandbConfig(Section):
+    IMPLEMENTED = False
+
+    enabled: Bool = False
+    group: Str | None = None
+    team: Str | None = None
+    project: Str = "deepspeed"

@@ -1,0 +1,68 @@
+"""Rules across sections."""
+
+import pytest
+
+from deepspeed_ext.config import ConfigError, parse
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "fp16.enabled and bf16.enabled"),
+        (
+            {"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
+            'zero_optimization.offload_param.nvme_path is required with device "nvme"',
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
+            "zero_optimization.offload_optimizer.nvme_path is required",
+        ),
+        (
+            {
+                "zero_optimization": {
+                    "stage": 2,
+                    "offload_optimizer": {"device": "cpu", "ratio": 0.5},
+                }
+            },
+            "needs stage 3",
+        ),
+        (
+            {"fp16": {"enabled": True, "loss_scale_window": 0}},
+            "fp16.loss_scale_window must be > 0 with dynamic loss scaling",
+        ),
+        (
+            {"bf16": {"enabled": True, "bf16_master_weights_and_grads": True}},
+            "needs zero_optimization.stage 1, 2 or 3",
+        ),
+        (
+            {"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}},
+            'gradient_allreduce_op "sum" does not work with zero_optimization.stage 3',
+        ),
+    ],
+)
+def test_inconsistent_sections(cfg, message):
+    with pytest.raises(ConfigError, match=message):
+        parse(cfg)
+
+
+def test_consistent_variants_pass():
+    parse({"fp16": {"enabled": True, "loss_scale": 128, "loss_scale_window": 0}})  # static scale
+    parse({"fp16": {"enabled": "auto"}, "bf16": {"enabled": "auto"}})
+    parse(
+        {
+            "zero_optimization": {
+                "stage": 3,
+                "offload_param": {"device": "nvme", "nvme_path": "/nvme"},
+            }
+        }
+    )
+
+
+def test_offload_device_and_stage_are_typed():
+    with pytest.raises(ConfigError) as e:
+        parse({"zero_optimization": {"stage": 5, "offload_optimizer": {"device": "gpu"}}})
+    assert e.value.problems == [
+        "zero_optimization.stage: expected one of 0, 1, 2 or 3, got 5 (int)",
+        "zero_optimization.offload_optimizer.device: expected one of 'none', 'cpu' or 'nvme', "
+        "got 'gpu' (str)",
+    ]
