@@ -1,0 +1,1 @@
+"""upstream's deepspeed.launcher: the `deepspeed` command lives in deepspeed_ext.launcher."""

@@ -1,0 +1,244 @@
+"""One node: start its ranks, watch them, and stop all of them when one fails or when we are
+told to stop (Ctrl-C, SIGTERM, SIGHUP). Nothing is left behind: every rank runs in its own
+process group, and teardown signals whole groups until none has a live member.
+
+Also runnable as `python -m deepspeed_ext.launcher.launch --world_info=... script ...`, the
+per-node entry a multi-node runner starts on each host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from .devices import local_gpus
+from .env import NodePlan, decode_world_info, rank_env
+from .ports import DEFAULT_MASTER_PORT
+from .procs import RankProcess, exit_code, live_groups
+
+KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL: with the polling below all is gone within ~6 s
+POLL_S = 0.1  # how quickly a failed rank is noticed
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class ScriptSpec:
+    """What every rank runs."""
+
+    script: str
+    args: list[str] = field(default_factory=list)
+    module: bool = False  # python -m script
+    no_python: bool = False  # run the script itself, no interpreter in front
+    no_local_rank: bool = False  # do not append --local_rank=<n>
+
+    def __post_init__(self) -> None:
+        if self.module and self.no_python:
+            raise ValueError("--module and --no_python cannot be used together")
+
+    def command(self, local_rank: int) -> list[str]:
+        if self.no_python:
+            cmd = [self.script]
+        else:
+            cmd = [sys.executable, "-u", *(["-m"] if self.module else []), self.script]
+        if not self.no_local_rank:
+            cmd.append(f"--local_rank={local_rank}")
+        return cmd + list(self.args)
+
+
+def say(message: str) -> None:
+    print(f"deepspeed: {message}", file=sys.stderr, flush=True)
+
+
+class _Stopper:
+    """Turns SIGINT/SIGTERM/SIGHUP into a flag the watch loop reads; one more while we are
+    already stopping hurries the teardown (no grace before SIGKILL)."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.stopping = False
+        self.hurry = False
+        self._previous: dict[int, object] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None or self.stopping:
+            self.hurry = True
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> _Stopper:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+
+def teardown(
+    ranks: Sequence[RankProcess], grace: float = KILL_GRACE_S, hurry: Callable[[], bool] = bool
+) -> None:
+    """SIGTERM every rank's process group, SIGKILL what is left after `grace` seconds."""
+    groups = {r.pid: r for r in ranks}
+    for r in ranks:
+        r.poll()
+    alive = live_groups(groups)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
+        for pgid in alive:
+            groups[pgid].signal_group(sig)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline and not (sig == signal.SIGTERM and hurry()):
+            time.sleep(0.05)
+            for r in ranks:
+                r.poll()  # reap leaders, so they stop counting as group members
+            alive = live_groups(alive)
+        if not alive:
+            break
+    if alive:
+        say(f"could not stop process groups {sorted(alive)}")
+
+
+def _watch(ranks: Sequence[RankProcess], stopper: _Stopper) -> RankProcess | None:
+    """Until all ranks end, one fails (returned), or a stop signal comes."""
+    while stopper.signum is None:
+        running = False
+        for r in ranks:
+            rc = r.poll()
+            if rc is None:
+                running = True
+            elif rc != 0:
+                return r
+        if not running:
+            return None
+        time.sleep(POLL_S)
+    return None
+
+
+def _report_failure(failed: RankProcess) -> None:
+    tail = failed.stderr_tail()
+    what = f"lines of {failed.log_path}" if failed.log_path else "stderr lines"
+    if tail:
+        say(f"last {len(tail)} {what} of rank {failed.rank}:")
+        print("\n".join(f"    {line}" for line in tail), file=sys.stderr, flush=True)
+    else:
+        say(f"rank {failed.rank} wrote nothing to stderr")
+
+
+def _log_paths(log_dir: str | None, plan: NodePlan) -> list[str | None]:
+    """Per-rank log files, named as upstream: <YYYYmmddHHMMSS>_rank<N>.log."""
+    if log_dir is None:
+        return [None] * plan.local_size
+    if os.path.isfile(log_dir):
+        raise ValueError(f"--enable_each_rank_log {log_dir} is a file; it should be a directory")
+    os.makedirs(log_dir, exist_ok=True)
+    stamp = time.strftime("%Y%m%d%H%M%S")
+    return [
+        os.path.join(log_dir, f"{stamp}_rank{plan.global_rank(i)}.log")
+        for i in range(plan.local_size)
+    ]
+
+
+def launch_node(
+    plan: NodePlan,
+    spec: ScriptSpec,
+    base_env: Mapping[str, str] | None = None,
+    log_dir: str | None = None,
+    grace: float = KILL_GRACE_S,
+) -> int:
+    """Run this node's ranks to the end; the exit code the launcher should return."""
+    base = dict(os.environ if base_env is None else base_env)
+    logs = _log_paths(log_dir, plan)
+    many = plan.world_size > 1  # one rank: its stderr passes through unmarked
+    ranks: list[RankProcess] = []
+    with _Stopper() as stopper:
+        try:
+            for local_rank in range(plan.local_size):
+                rank = plan.global_rank(local_rank)
+                ranks.append(
+                    RankProcess(
+                        rank,
+                        local_rank,
+                        spec.command(local_rank),
+                        rank_env(base, plan, local_rank),
+                        log_path=logs[local_rank],
+                        prefix=f"[rank {rank}] ".encode() if many else None,
+                    )
+                )
+                if stopper.signum is not None:
+                    break
+        except OSError as e:
+            say(f"cannot start rank {plan.global_rank(len(ranks))}: {e}")
+            teardown(ranks, grace, lambda: stopper.hurry)
+            return 127 if isinstance(e, FileNotFoundError) else 126
+
+        failed = _watch(ranks, stopper)
+        if failed is not None:
+            others = sum(1 for r in ranks if r is not failed and r.poll() is None)
+            say(
+                f"rank {failed.rank} (pid {failed.pid}) {failed.describe_exit()}; "
+                f"stopping the other {others} rank(s)"
+            )
+        elif stopper.signum is not None:
+            name = signal.Signals(stopper.signum).name
+            say(f"received {name}; stopping {len(ranks)} rank(s)")
+        # also after success: whatever a rank left running in its group goes too
+        stopper.stopping = True
+        teardown(ranks, grace, lambda: stopper.hurry)
+        for r in ranks:
+            r.finish_output()
+
+    if failed is not None:
+        _report_failure(failed)
+        assert failed.proc.returncode is not None
+        return exit_code(failed.proc.returncode)
+    if stopper.signum is not None:
+        return 128 + stopper.signum
+    return 0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m deepspeed_ext.launcher.launch",
+        description="Start this node's share of a DeepSpeed job (one process per slot).",
+    )
+    p.add_argument("--node_rank", type=int, default=0, help="this node's index in world_info")
+    p.add_argument("--master_addr", default="127.0.0.1", help="address of rank 0's node")
+    p.add_argument("--master_port", type=int, default=DEFAULT_MASTER_PORT)
+    p.add_argument("--world_info", required=True, help="base64 JSON host -> slot ids")
+    p.add_argument("--module", action="store_true", help="run the script as `python -m`")
+    p.add_argument("--no_python", action="store_true", help="run the script directly")
+    p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank")
+    p.add_argument("--enable_each_rank_log", default="None", help="folder for per-rank logs")
+    p.add_argument("training_script")
+    p.add_argument("training_script_args", nargs=argparse.REMAINDER)
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    world_info = decode_world_info(args.world_info)
+    host = list(world_info)[args.node_rank]
+    # GPU nodes: the slot ids are device ids (as upstream); CPU nodes: ranks only
+    devices = [str(s) for s in world_info[host]] if local_gpus() else None
+    plan = NodePlan(world_info, args.node_rank, args.master_addr, args.master_port, devices)
+    spec = ScriptSpec(
+        args.training_script,
+        list(args.training_script_args),
+        module=args.module,
+        no_python=args.no_python,
+        no_local_rank=args.no_local_rank,
+    )
+    log_dir = None if args.enable_each_rank_log == "None" else args.enable_each_rank_log
+    return launch_node(plan, spec, log_dir=log_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

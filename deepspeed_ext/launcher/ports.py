@@ -1,0 +1,34 @@
+"""The master port: the requested one when it is free, else one the kernel hands out."""
+
+from __future__ import annotations
+
+import socket
+
+DEFAULT_MASTER_PORT = 29500  # torch.distributed's default, as upstream
+
+
+def port_in_use(port: int) -> bool:
+    """Whether binding `port` on every interface fails (a listener, or a socket bound to it).
+
+    No SO_REUSEADDR: we want to fail exactly where the rank-0 store would collide.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def choose_master_port(requested: int) -> tuple[int, str | None]:
+    """(port to use, a one-line note when we had to move off the requested one)."""
+    if not port_in_use(requested):
+        return requested, None
+    port = free_port()
+    return port, f"master port {requested} is in use; using free port {port}"
