@@ -1,0 +1,1 @@
+"""`deepspeed.runtime`: upstream's import path; each submodule re-exports deepspeed_ext."""

@@ -1,0 +1,117 @@
+"""Learning-rate schedules, upstream DeepSpeed's set: LRRangeTest, OneCycle, WarmupLR,
+WarmupDecayLR, WarmupCosineLR, stepped once per batch (see base.py, [Note: batch index]).
+
+`get_lr_scheduler(type, optimizer, params)` builds one from a config's `scheduler` section.
+"""
+
+from .args import (
+    add_tuning_arguments,
+    get_config_from_args,
+    get_lr_from_config,
+    override_params,
+    parse_arguments,
+)
+from .base import (
+    BatchSchedule,
+    get_torch_optimizer,
+    update_lr,
+)
+from .constants import (
+    COS_MIN_RATIO,
+    CYCLE_FIRST_STAIR_COUNT,
+    CYCLE_FIRST_STEP_SIZE,
+    CYCLE_MAX_LR,
+    CYCLE_MAX_MOM,
+    CYCLE_MIN_LR,
+    CYCLE_MIN_MOM,
+    CYCLE_SECOND_STAIR_COUNT,
+    CYCLE_SECOND_STEP_SIZE,
+    DECAY_LR_RATE,
+    DECAY_MOM_RATE,
+    DECAY_STEP_SIZE,
+    EDGE_VALUE,
+    LR_RANGE_TEST,
+    LR_RANGE_TEST_MIN_LR,
+    LR_RANGE_TEST_STAIRCASE,
+    LR_RANGE_TEST_STEP_RATE,
+    LR_RANGE_TEST_STEP_SIZE,
+    LR_SCHEDULE,
+    MID_VALUE,
+    ONE_CYCLE,
+    TOTAL_NUM_STEPS,
+    VALID_LR_SCHEDULES,
+    WARMUP_COSINE_LR,
+    WARMUP_DECAY_LR,
+    WARMUP_LINEAR_RATE,
+    WARMUP_LOG_RATE,
+    WARMUP_LR,
+    WARMUP_MAX_LR,
+    WARMUP_MIN_LR,
+    WARMUP_MIN_RATIO,
+    WARMUP_NUM_STEPS,
+    WARMUP_TYPE,
+)
+from .factory import (
+    get_lr_scheduler,
+)
+from .one_cycle import (
+    OneCycle,
+)
+from .range_test import (
+    LRRangeTest,
+)
+from .warmup import (
+    WarmupCosineLR,
+    WarmupDecayLR,
+    WarmupLR,
+)
+
+__all__ = [
+    "BatchSchedule",
+    "COS_MIN_RATIO",
+    "CYCLE_FIRST_STAIR_COUNT",
+    "CYCLE_FIRST_STEP_SIZE",
+    "CYCLE_MAX_LR",
+    "CYCLE_MAX_MOM",
+    "CYCLE_MIN_LR",
+    "CYCLE_MIN_MOM",
+    "CYCLE_SECOND_STAIR_COUNT",
+    "CYCLE_SECOND_STEP_SIZE",
+    "DECAY_LR_RATE",
+    "DECAY_MOM_RATE",
+    "DECAY_STEP_SIZE",
+    "EDGE_VALUE",
+    "LRRangeTest",
+    "LR_RANGE_TEST",
+    "LR_RANGE_TEST_MIN_LR",
+    "LR_RANGE_TEST_STAIRCASE",
+    "LR_RANGE_TEST_STEP_RATE",
+    "LR_RANGE_TEST_STEP_SIZE",
+    "LR_SCHEDULE",
+    "MID_VALUE",
+    "ONE_CYCLE",
+    "OneCycle",
+    "TOTAL_NUM_STEPS",
+    "VALID_LR_SCHEDULES",
+    "WARMUP_COSINE_LR",
+    "WARMUP_DECAY_LR",
+    "WARMUP_LINEAR_RATE",
+    "WARMUP_LOG_RATE",
+    "WARMUP_LR",
+    "WARMUP_MAX_LR",
+    "WARMUP_MIN_LR",
+    "WARMUP_MIN_RATIO",
+    "WARMUP_NUM_STEPS",
+    "WARMUP_TYPE",
+    "WarmupCosineLR",
+    "WarmupDecayLR",
+    "WarmupLR",
+    "add_tuning_arguments",
+    "get_config_from_args",
+    "get_lr_from_config",
+    "get_lr_scheduler",
+    "get_torch_optimizer",
+    "override_params",
+    "parse_arguments",
+    "update_lr",
+]
