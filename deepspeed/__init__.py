@@ -3,11 +3,30 @@
 Nothing is defined here; every object has its one home in deepspeed_ext.
 """
 
+from deepspeed_ext.comm import init_distributed
+from deepspeed_ext.runtime.engine import DeepSpeedEngine
+from deepspeed_ext.runtime.initialize import add_config_arguments, initialize
 from deepspeed_ext.version import __version__, __version_api__
+
+from . import comm
+from .runtime import (
+    lr_schedules,
+)  # accelerate reads deepspeed.runtime.lr_schedules after `import deepspeed`
+from .runtime.lr_schedules import add_tuning_arguments
 
 __version_major__, __version_minor__, __version_patch__ = (
     int(x) for x in __version_api__.split(".")
 )
 version = __version__
 
-__all__ = ["__version__", "version"]
+__all__ = [
+    "DeepSpeedEngine",
+    "__version__",
+    "add_config_arguments",
+    "add_tuning_arguments",
+    "lr_schedules",
+    "comm",
+    "init_distributed",
+    "initialize",
+    "version",
+]

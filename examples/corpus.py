@@ -34,8 +34,8 @@ def generate(n_chars: int = 400_000, seed: int = 0) -> str:
 class CharData:
     """Character-level tokens and random training windows."""
 
-    def __init__(self, text: str, seq_len: int) -> None:
-        self.chars = sorted(set(text))
+    def __init__(self, text: str, seq_len: int, vocab: list[str] | None = None) -> None:
+        self.chars = vocab if vocab is not None else sorted(set(text))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
         self.data = torch.tensor([self.stoi[c] for c in text], dtype=torch.long)
         self.seq_len = seq_len

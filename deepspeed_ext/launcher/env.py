@@ -94,4 +94,19 @@ def rank_env(base: Mapping[str, str], plan: NodePlan, local_rank: int) -> dict[s
     )
     if plan.devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(plan.devices)
+    if "OMP_NUM_THREADS" not in base:
+        env["OMP_NUM_THREADS"] = str(threads_per_rank(plan.local_size))
     return env
+
+
+def threads_per_rank(local_size: int) -> int:
+    """The node's cores shared out among its ranks, unless the user set OMP_NUM_THREADS.
+
+    Every rank's torch (and OpenMP, which spins while waiting) otherwise takes all cores:
+    N ranks on C cores would run N*C threads and crawl.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_size))

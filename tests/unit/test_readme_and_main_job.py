@@ -23,14 +23,14 @@ def test_readme_has_exactly_two_commands_and_ci_runs_the_test_one():
     assert f"TEST_CMD='{cmds[1]}'" in ci, "the .ci/run test command must be the README's"
 
 
-def test_main_job_runs_and_writes_checkpoint_and_png(tmp_path):
+def test_main_job_trains_on_two_ranks_and_writes_checkpoint_and_png(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "train_tiny_gpt.py"),
             "--steps",
-            "80",
+            "120",
             "--print-every",
             "20",
             "--out",
@@ -40,10 +40,14 @@ def test_main_job_runs_and_writes_checkpoint_and_png(tmp_path):
         text=True,
         timeout=600,
     )
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "samples/s" in r.stdout and "peak mem" in r.stdout
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-4000:]
+    assert "2 rank(s)" in log and "2 ranks x micro-batch" in log
+    assert "samples/s" in log and "tokens/s" in log and "peak mem" in log
     assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     import torch
 
-    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
-    assert ckpt["step"] == 80 and "exp_avg" in next(iter(ckpt["optimizer"]["state"].values()))
+    ckpt = torch.load(
+        out / "checkpoints" / "global_step120" / "mp_rank_00_model_states.pt", weights_only=True
+    )
+    assert ckpt["global_steps"] == 120 and ckpt["dp_world_size"] == 2 and ckpt["seed"] == 0

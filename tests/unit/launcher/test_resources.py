@@ -167,3 +167,11 @@ def test_port_choice():
         assert port != taken and note and f"{taken} is in use" in note and str(port) in note
     free, note = choose_master_port(taken)
     assert (free, note) == (taken, None)
+
+
+def test_cpu_threads_are_shared_out_unless_the_user_chose():
+    from deepspeed_ext.launcher.env import threads_per_rank
+
+    cores = len(__import__("os").sched_getaffinity(0))
+    assert threads_per_rank(1) == cores
+    assert threads_per_rank(cores * 4) == 1

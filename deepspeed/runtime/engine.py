@@ -1,0 +1,3 @@
+from deepspeed_ext.runtime.engine import DeepSpeedEngine
+
+__all__ = ["DeepSpeedEngine"]

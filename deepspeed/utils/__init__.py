@@ -1,0 +1,3 @@
+from deepspeed_ext.utils.logging import log_dist, logger
+
+__all__ = ["log_dist", "logger"]

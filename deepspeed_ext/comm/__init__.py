@@ -1,0 +1,48 @@
+"""deepspeed_ext.comm: the only module that imports torch.distributed (layer 3).
+
+Upstream's `deepspeed.comm` names: init_distributed, is_initialized, get_rank, ...
+"""
+
+from .bucketed import GradBuckets
+from .collectives import (
+    ReduceOp,
+    all_gather,
+    all_gather_object,
+    all_reduce,
+    barrier,
+    broadcast,
+    broadcast_object,
+    get_backend,
+    new_group,
+)
+from .env import DistEnv, discover, free_port
+from .init import (
+    destroy_process_group,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    init_distributed,
+    is_initialized,
+)
+
+__all__ = [
+    "DistEnv",
+    "GradBuckets",
+    "ReduceOp",
+    "all_gather",
+    "all_gather_object",
+    "all_reduce",
+    "barrier",
+    "broadcast",
+    "broadcast_object",
+    "destroy_process_group",
+    "discover",
+    "free_port",
+    "get_backend",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "is_initialized",
+    "new_group",
+]

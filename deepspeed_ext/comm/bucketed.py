@@ -1,0 +1,98 @@
+"""Gradient all-reduce in flat buckets, launched while backward is still running.
+
+[Note: gradient buckets]
+Gradients are views into a few flat buffers of ~bucket_numel elements each, in the reverse of
+parameter order (backward produces the last layers' grads first). The runtime calls
+mark_ready(param) as each grad is final; when a bucket's last grad arrives its all-reduce is
+launched asynchronously, overlapping the rest of backward (gloo and nccl both run async
+work). Buckets are launched strictly in index order, so every rank issues the same sequence
+of collectives even when its grads become ready in another order (a mismatch would hang).
+wait() finishes them all and divides by the world size (the average, as DDP does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class GradBuckets:
+    def __init__(
+        self,
+        params: Sequence[torch.Tensor],
+        bucket_numel: int,
+        dtype: torch.dtype,
+        group: Any = None,
+        average: bool = True,
+    ) -> None:
+        self.group = group
+        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.average = average
+        # [bucket] -> flat buffer; params laid out in reverse order
+        self.buffers: list[torch.Tensor] = []
+        self.views: dict[torch.Tensor, torch.Tensor] = {}
+        self._bucket_of: dict[torch.Tensor, int] = {}
+        self._members: list[list[torch.Tensor]] = []
+        current: list[torch.Tensor] = []
+        size = 0
+        for p in reversed(params):
+            current.append(p)
+            size += p.numel()
+            if size >= bucket_numel:
+                self._add_bucket(current, size, dtype)
+                current, size = [], 0
+        if current:
+            self._add_bucket(current, size, dtype)
+        self._pending: list[int] = [0] * len(self.buffers)
+        self._next = len(self.buffers)  # next bucket to launch; all launched until start()
+        self._works: list[Any] = []
+
+    def _add_bucket(self, members: list[torch.Tensor], size: int, dtype: torch.dtype) -> None:
+        device = members[0].device
+        buf = torch.zeros(size, dtype=dtype, device=device)
+        offset = 0
+        idx = len(self.buffers)
+        for p in members:
+            self.views[p] = buf[offset : offset + p.numel()].view_as(p)
+            self._bucket_of[p] = idx
+            offset += p.numel()
+        self.buffers.append(buf)
+        self._members.append(members)
+
+    def grad_view(self, p: torch.Tensor) -> torch.Tensor:
+        return self.views[p]
+
+    def start(self) -> None:
+        """Arm the buckets for one reduction (at a gradient-accumulation boundary)."""
+        self._pending = [len(m) for m in self._members]
+        self._next = 0
+        self._works = []
+
+    def mark_ready(self, p: torch.Tensor) -> None:
+        self._pending[self._bucket_of[p]] -= 1
+        while self._next < len(self.buffers) and self._pending[self._next] == 0:
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, b: int) -> None:
+        if self.world > 1:
+            self._works.append(dist.all_reduce(self.buffers[b], group=self.group, async_op=True))
+
+    def wait(self) -> None:
+        """Finish every bucket (launching those whose params got no gradient this step)."""
+        while self._next < len(self.buffers):
+            self._launch(self._next)
+            self._next += 1
+        for w in self._works:
+            w.wait()
+        self._works = []
+        if self.average and self.world > 1:
+            for buf in self.buffers:
+                buf.div_(self.world)
+
+    def zero(self) -> None:
+        for buf in self.buffers:
+            buf.zero_()

@@ -1,0 +1,103 @@
+"""init_distributed: one call that brings up torch.distributed from whatever launched us."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch.distributed as dist
+
+from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.utils.logging import logger
+
+from .env import DistEnv, discover
+
+_env: DistEnv | None = None
+
+
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int = 29500,
+    verbose: bool = True,
+    timeout: datetime.timedelta = datetime.timedelta(minutes=30),
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config: Any = None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
+    """Upstream's signature. Idempotent: a second call (or torch.distributed already up) is a
+    no-op. The backend defaults to the accelerator's (gloo on CPU, nccl on CUDA)."""
+    global _env
+    if dist.is_initialized():
+        if _env is None:
+            _env = DistEnv(
+                dist.get_rank(),
+                dist.get_world_size(),
+                _local_rank_guess(),
+                "",
+                0,
+                "torch.distributed (initialized by the caller)",
+            )
+        return
+    if dist_init_required is False:
+        return
+    env = discover(default_port=distributed_port, auto_mpi_discovery=auto_mpi_discovery)
+    if rank >= 0 and world_size > 0:
+        env = DistEnv(
+            rank,
+            world_size,
+            env.local_rank,
+            env.master_addr,
+            env.master_port,
+            "explicit rank/world_size",
+        )
+    env.export()
+    backend = dist_backend or get_accelerator().communication_backend_name()
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        acc.set_device(env.local_rank)
+    if verbose:
+        logger.info(
+            f"initializing torch.distributed: backend={backend}, world_size={env.world_size} "
+            f"(from {env.source}), master={env.master_addr}:{env.master_port}"
+        )
+    dist.init_process_group(
+        backend=backend,
+        init_method=init_method or "env://",
+        timeout=timeout,
+        rank=env.rank,
+        world_size=env.world_size,
+    )
+    _env = env
+
+
+def _local_rank_guess() -> int:
+    import os
+
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_initialized() -> bool:
+    return dist.is_initialized()
+
+
+def get_rank(group: Any = None) -> int:
+    return dist.get_rank(group) if dist.is_initialized() else 0
+
+
+def get_world_size(group: Any = None) -> int:
+    return dist.get_world_size(group) if dist.is_initialized() else 1
+
+
+def get_local_rank() -> int:
+    return _env.local_rank if _env is not None else _local_rank_guess()
+
+
+def destroy_process_group(group: Any = None) -> None:
+    global _env
+    if dist.is_initialized():
+        dist.destroy_process_group(group)
+    if group is None:
+        _env = None

@@ -1,0 +1,12 @@
+"""Metrics and their sinks (layer 3: imports accelerator and utils only)."""
+
+from .metrics import StepMetrics
+from .writers import CsvWriter, JsonLinesWriter, TensorBoardWriter, writers_from_config
+
+__all__ = [
+    "CsvWriter",
+    "JsonLinesWriter",
+    "StepMetrics",
+    "TensorBoardWriter",
+    "writers_from_config",
+]

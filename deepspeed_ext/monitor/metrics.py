@@ -1,0 +1,85 @@
+"""The one metrics line every steps_per_print steps, and the same values to the writers.
+
+`step 100 | loss 2.3412 | lr 3.00e-04 | loss scale 65536 | samples/s 412.3 | tokens/s 26387 |
+peak mem 1.21 GiB` on rank 0; throughput counts every rank's samples (global).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from deepspeed_ext.utils.logging import logger
+
+from .writers import Writer
+
+
+class StepMetrics:
+    def __init__(
+        self, every: int | None, writers: list[Writer], peak_memory: Any, world_size: int
+    ) -> None:
+        # steps_per_print None (upstream's default): no periodic line; monitors still get
+        # every step.
+        self.print_line = every is not None
+        self.every = max(1, int(every)) if every is not None else 1
+        self.writers = writers
+        self.peak_memory = peak_memory  # callable -> bytes
+        self.world_size = world_size
+        self._t0 = time.perf_counter()
+        self._samples = 0
+        self._tokens: int | None = 0
+        self._losses: list[Any] = []  # detached loss tensors; read only when printing
+        self.last: dict[str, float] = {}
+
+    def add_micro_batch(self, samples: int, tokens: int | None) -> None:
+        self._samples += samples
+        if tokens is None or self._tokens is None:
+            self._tokens = None
+        else:
+            self._tokens += tokens
+
+    def add_loss(self, loss: Any) -> None:
+        self._losses.append(loss)
+
+    def on_step(
+        self, step: int, lr: float, loss_scale: float | None, grad_norm: float | None
+    ) -> None:
+        if not (self.print_line or self.writers):
+            self._losses = []  # nobody will read them: do not hold tensors
+            return
+        if step % self.every != 0:
+            return
+        dt = max(time.perf_counter() - self._t0, 1e-9)
+        values: dict[str, float] = {}
+        if self._losses:
+            values["loss"] = sum(float(x) for x in self._losses) / len(self._losses)
+        values["lr"] = lr
+        if loss_scale is not None:
+            values["loss_scale"] = loss_scale
+        if grad_norm is not None:
+            values["grad_norm"] = grad_norm
+        values["samples_per_s"] = self._samples * self.world_size / dt
+        if self._tokens:
+            values["tokens_per_s"] = self._tokens * self.world_size / dt
+        values["peak_mem_gib"] = self.peak_memory() / 2**30
+        self.last = values
+        parts = [f"step {step}"]
+        if "loss" in values:
+            parts.append(f"loss {values['loss']:.4f}")
+        parts.append(f"lr {lr:.3e}")
+        if loss_scale is not None:
+            parts.append(f"loss scale {loss_scale:g}")
+        parts.append(f"samples/s {values['samples_per_s']:.1f}")
+        if "tokens_per_s" in values:
+            parts.append(f"tokens/s {values['tokens_per_s']:.0f}")
+        parts.append(f"peak mem {values['peak_mem_gib']:.2f} GiB")
+        if self.print_line:
+            logger.info(" | ".join(parts))
+        for w in self.writers:
+            w.write(step, values)
+        self._t0 = time.perf_counter()
+        self._samples, self._tokens, self._losses = 0, 0, []
+
+    def close(self) -> None:
+        for w in self.writers:
+            w.close()

@@ -1,0 +1,1 @@
+"""The training runtime (layer 5): engine, precision, schedules, checkpoints."""

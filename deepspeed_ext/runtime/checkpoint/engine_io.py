@@ -1,0 +1,163 @@
+"""save_checkpoint / load_checkpoint for the engine (stage 0: rank 0 writes one file).
+
+Layout (upstream's): <save_dir>/latest holds the tag; <save_dir>/<tag>/mp_rank_00_model_states.pt
+holds the module, the optimizer (with fp32 masters for 16-bit models), the scheduler, the loss
+scaler, counters, RNG states, the config, and the client_state keys at top level.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.version import __version__
+
+from . import atomic, layout, safe_load
+
+# Keys the engine owns; everything else in the file is the client's.
+ENGINE_KEYS = frozenset(
+    {
+        "module",
+        "optimizer",
+        "master_weights",
+        "lr_scheduler",
+        "loss_scaler",
+        "global_steps",
+        "global_samples",
+        "skipped_steps",
+        "micro_steps",
+        "dp_world_size",
+        "mp_world_size",
+        "ds_config",
+        "ds_version",
+        "rng",
+        "frozen_param_names",
+        "buffer_names",
+    }
+)
+
+
+def _module_state(engine: Any, exclude_frozen: bool) -> dict[str, torch.Tensor]:
+    sd = engine.module.state_dict()
+    if exclude_frozen:
+        frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
+        sd = {k: v for k, v in sd.items() if k not in frozen}
+    return sd
+
+
+def _rng_state() -> dict[str, Any]:
+    out: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    acc = get_accelerator()
+    if acc.device_name() != "cpu":
+        out["accelerator"] = acc.get_rng_state()
+    return out
+
+
+def save_checkpoint(
+    engine: Any,
+    save_dir: str | Path,
+    tag: str | None = None,
+    client_state: dict[str, Any] | None = None,
+    save_latest: bool = True,
+    exclude_frozen_parameters: bool = False,
+) -> bool:
+    save_dir = Path(save_dir)
+    tag = str(tag) if tag is not None else layout.default_tag(engine.global_steps)
+    client_state = dict(client_state or {})
+    clash = ENGINE_KEYS & client_state.keys()
+    if clash:
+        raise ValueError(
+            f"client_state keys {sorted(clash)} are reserved by the engine; rename them"
+        )
+    if comm.get_rank() == 0:
+        safe_load.check_loadable(client_state, "client_state")
+        tmp = atomic.prepare(save_dir, tag)
+    comm.barrier()
+    if comm.get_rank() == 0:
+        state = {
+            "module": _module_state(engine, exclude_frozen_parameters),
+            "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
+            "master_weights": [m.detach() for m in engine.masters.masters]
+            if engine.masters.is_copy
+            else None,
+            "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
+            "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,
+            "global_steps": engine.global_steps,
+            "global_samples": engine.global_samples,
+            "skipped_steps": engine.skipped_steps,
+            "micro_steps": engine.micro_steps,
+            "dp_world_size": comm.get_world_size(),
+            "mp_world_size": 1,
+            "ds_config": engine.config.to_dict(),
+            "ds_version": __version__,
+            "rng": _rng_state(),
+            **client_state,
+        }
+        torch.save(state, tmp / layout.model_states_name())
+        atomic.commit(save_dir, tag)
+        if save_latest:
+            atomic.write_latest(save_dir, tag)
+        logger.info(f"saved checkpoint {save_dir / tag}")
+    comm.barrier()
+    return True
+
+
+def load_checkpoint(
+    engine: Any,
+    load_dir: str | Path,
+    tag: str | None = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+) -> tuple[str | None, dict[str, Any] | None]:
+    load_dir = Path(load_dir)
+    if tag is None:
+        tag = atomic.read_latest(load_dir)
+        if tag is None:
+            logger.warning(
+                f"no 'latest' file in {load_dir}: nothing loaded. Pass tag=... to load a "
+                "specific checkpoint."
+            )
+            return None, None
+    path = load_dir / str(tag) / layout.model_states_name()
+    state = safe_load.load(path)
+    engine.module.load_state_dict(state["module"], strict=load_module_strict)
+    engine.masters.copy_from_model()
+    if not load_module_only:
+        if load_optimizer_states and state.get("optimizer") is not None and engine.optimizer:
+            engine.optimizer.load_state_dict(state["optimizer"])
+            if state.get("master_weights") is not None:
+                with torch.no_grad():
+                    for m, saved in zip(engine.masters.masters, state["master_weights"]):
+                        m.copy_(saved)
+        if load_lr_scheduler_states and engine.lr_scheduler and state.get("lr_scheduler"):
+            engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        if engine.loss_scaler is not None and state.get("loss_scaler"):
+            engine.loss_scaler.load_state_dict(state["loss_scaler"])
+        engine.global_steps = int(state["global_steps"])
+        engine.global_samples = int(state["global_samples"])
+        engine.skipped_steps = int(state["skipped_steps"])
+        engine.micro_steps = int(state.get("micro_steps", 0))
+        rng = state.get("rng") or {}
+        if "torch" in rng:
+            torch.set_rng_state(rng["torch"])
+        if "python" in rng:
+            random.setstate(_as_random_state(rng["python"]))
+        if "accelerator" in rng and get_accelerator().device_name() != "cpu":
+            get_accelerator().set_rng_state(rng["accelerator"])
+    client_state = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
+    logger.info(f"loaded checkpoint {path.parent}")
+    return str(path.parent), client_state
+
+
+def _as_random_state(s: Any) -> tuple[Any, ...]:
+    # weights_only loading keeps tuples, but be lenient with lists
+    version, internal, gauss = s
+    return (version, tuple(internal), gauss)

@@ -1,0 +1,61 @@
+"""The dataloader deepspeed.initialize returns when given training_data: a DistributedSampler
+(each rank its own shard, reshuffled per epoch) and the micro-batch size from the config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+
+class DeepSpeedDataLoader:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        rank: int,
+        world_size: int,
+        collate_fn: Callable[..., Any] | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_workers: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        self.sampler: DistributedSampler[Any] = DistributedSampler(
+            dataset,
+            num_replicas=world_size,
+            rank=rank,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+        )
+        self.loader = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=self.sampler,
+            collate_fn=collate_fn,
+            num_workers=num_workers,
+            drop_last=drop_last,
+        )
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        return iter(self.loader)
+
+
+def batch_tokens(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int | None]:
+    """(samples, tokens) of a forward call, for the metrics line: the first tensor argument
+    gives the batch; an integer [batch, seq] tensor (token ids) gives tokens too."""
+    first = next((x for x in (*inputs, *kwargs.values()) if torch.is_tensor(x)), None)
+    if first is None or first.dim() == 0:
+        return 0, None
+    samples = int(first.shape[0])
+    tokens = int(first.numel()) if first.dim() == 2 and not first.is_floating_point() else None
+    return samples, tokens

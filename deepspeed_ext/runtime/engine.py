@@ -1,0 +1,335 @@
+"""DeepSpeedEngine: a thin orchestrator over config, comm, precision, gradients, optimizer,
+schedule, metrics and checkpoints. Each concern lives in its own module; this file only
+composes them and keeps the step counters.
+
+Step protocol (upstream's): for every micro-batch `loss = engine(batch)`,
+`engine.backward(loss)`, `engine.step()`; the optimizer runs on the micro-step that ends an
+accumulation window (is_gradient_accumulation_boundary()).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.monitor import StepMetrics, writers_from_config
+from deepspeed_ext.utils.logging import logger
+
+from . import checkpoint as ckpt
+from .dataloader import DeepSpeedDataLoader, batch_tokens
+from .grad_accumulation import GradAccumulator
+from .grad_clip import global_norm, unscale_and_clip_
+from .lr_schedules import get_lr_scheduler
+from .optimizers import build_optimizer
+from .precision import MasterWeights, make_loss_scaler
+
+# DDP's default bucket: big enough to amortize a collective, small enough to overlap backward.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+class DeepSpeedEngine(torch.nn.Module):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: Any,
+        optimizer: Any = None,
+        model_parameters: Any = None,
+        training_data: Any = None,
+        lr_scheduler: Any = None,
+        collate_fn: Any = None,
+        dist_init_required: bool | None = None,
+    ) -> None:
+        super().__init__()
+        comm.init_distributed(dist_init_required=dist_init_required, verbose=False)
+        self.world_size = comm.get_world_size()
+        self.rank = comm.get_rank()
+        self.config = config
+        sizes = config.resolve_batch(self.world_size, "the torch.distributed world size")
+        self._train_batch_size = sizes.train_batch_size
+        self._micro_batch_size = sizes.micro
+        self._gas = sizes.gas
+        config.check_resolved()
+        self._refuse_unavailable(config)
+
+        acc = get_accelerator()
+        self.device = (
+            acc.device(acc.current_device()) if acc.device_name() != "cpu" else torch.device("cpu")
+        )
+        self.module = model.to(self.device)
+        if config.fp16.enabled:
+            self.module.half()
+        elif config.bf16.enabled:
+            self.module.to(torch.bfloat16)
+        self._broadcast_module()
+
+        params = [p for p in self.module.parameters()]
+        self.masters = MasterWeights(params)
+        accum = self._accum_dtype(params)
+        elem = torch.tensor([], dtype=accum).element_size()
+        self.grads = GradAccumulator(params, accum, self._bucket_numel(elem))
+        self.loss_scaler = make_loss_scaler(config.fp16) if config.fp16.enabled else None
+        self.optimizer = self._make_optimizer(optimizer, model_parameters)
+        self.lr_scheduler = self._make_scheduler(lr_scheduler)
+        self.training_dataloader = (
+            self.deepspeed_io(training_data, collate_fn=collate_fn)
+            if training_data is not None
+            else None
+        )
+        self.metrics = StepMetrics(
+            config.steps_per_print,
+            writers_from_config(config) if self.rank == 0 else [],
+            acc.max_memory_allocated,
+            self.world_size,
+        )
+        self.global_steps = 0
+        self.global_samples = 0
+        self.skipped_steps = 0
+        self.micro_steps = 0
+        self._boundary_override: bool | None = None
+        self._global_grad_norm: float | None = None
+        self.overflow = False
+
+    # -- construction helpers -----------------------------------------------------------------
+    @staticmethod
+    def _refuse_unavailable(config: Any) -> None:
+        stage = config.zero_optimization.stage
+        if stage:
+            raise NotImplementedError(
+                f"zero_optimization.stage={stage}: ZeRO stages 1-3 are not in this version yet; "
+                "set zero_optimization.stage to 0 (plain data parallelism) for now"
+            )
+        for name in config.unimplemented_sections():
+            logger.warning(f"config section '{name}' is enabled but not used by deepspeed_ext yet")
+
+    def _accum_dtype(self, params: list[torch.nn.Parameter]) -> torch.dtype:
+        name = getattr(getattr(self.config, "data_types", None), "grad_accum_dtype", None)
+        if name:
+            return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
+        return torch.float32 if any(p.dtype != torch.float32 for p in params) else params[0].dtype
+
+    def _bucket_numel(self, elem_size: int) -> int:
+        user = self.config.zero_optimization.model_fields_set
+        if "reduce_bucket_size" in user:
+            return int(self.config.zero_optimization.reduce_bucket_size)
+        return DEFAULT_BUCKET_BYTES // elem_size
+
+    def _broadcast_module(self) -> None:
+        """Start every rank from rank 0's weights and buffers, as DDP does."""
+        if self.world_size > 1:
+            with torch.no_grad():
+                for t in [*self.module.parameters(), *self.module.buffers()]:
+                    comm.broadcast(t.data, src=0)
+
+    def _make_optimizer(self, client: Any, model_parameters: Any) -> Any:
+        """A client optimizer object (re-pointed at the fp32 masters), a callable taking the
+        param groups, or the config's optimizer section."""
+        if isinstance(client, torch.optim.Optimizer):
+            self.masters.swap_into(client)
+            return client
+        params = self._master_param_groups(model_parameters)
+        if callable(client):
+            return client(params)
+        if client is not None:
+            raise TypeError(
+                f"optimizer must be a torch.optim.Optimizer or a callable, not {type(client)}"
+            )
+        if self.config.optimizer is None or not self.config.optimizer.type:
+            return None
+        return build_optimizer(
+            self.config.optimizer.type,
+            params,
+            dict(self.config.optimizer.params or {}),
+            on_cpu=self.device.type == "cpu",
+        )
+
+    def _master_param_groups(self, model_parameters: Any) -> Any:
+        """model_parameters (params or groups of the model) mapped onto the fp32 masters."""
+        if model_parameters is None:
+            return [m for m in self.masters.masters if m.requires_grad]
+        items = list(model_parameters)
+        if items and isinstance(items[0], dict):
+            return [
+                {**g, "params": [self.masters.master_of[id(p)] for p in g["params"]]} for g in items
+            ]
+        return [self.masters.master_of[id(p)] for p in items]
+
+    def _make_scheduler(self, client: Any) -> Any:
+        """A client scheduler object, a callable taking the optimizer, or the config's."""
+        if client is not None:
+            is_object = hasattr(client, "step") and hasattr(client, "state_dict")
+            return client if is_object else client(self.optimizer)
+        sched = self.config.scheduler
+        if sched is None or not sched.type or self.optimizer is None:
+            return None
+        return get_lr_scheduler(sched.type, self.optimizer, dict(sched.params or {}))
+
+    def deepspeed_io(
+        self, dataset: Any, batch_size: int | None = None, collate_fn: Any = None
+    ) -> Any:
+        return DeepSpeedDataLoader(
+            dataset, batch_size or self._micro_batch_size, self.rank, self.world_size, collate_fn
+        )
+
+    # -- training ----------------------------------------------------------------------------
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        samples, tokens = batch_tokens(inputs, kwargs)
+        self.metrics.add_micro_batch(samples, tokens)
+        return self.module(*inputs, **kwargs)
+
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
+        self.metrics.add_loss(loss.detach())
+        scaled = loss.float() / self._gas if scale_wrt_gas else loss.float()
+        if self.loss_scaler is not None:
+            scaled = scaled * self.loss_scaler.loss_scale
+        self.grads.begin(self.is_gradient_accumulation_boundary())
+        scaled.backward(retain_graph=retain_graph)
+        self.grads.finish()
+        return loss
+
+    def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        if self.is_gradient_accumulation_boundary():
+            self._model_step(lr_kwargs or {})
+        self.micro_steps += 1
+        self.global_samples += self._micro_batch_size * self.world_size
+        self._boundary_override = None
+
+    def _model_step(self, lr_kwargs: dict[str, Any]) -> None:
+        flat = self.grads.flat()
+        inv_scale = 1.0 / self.loss_scaler.loss_scale if self.loss_scaler else 1.0
+        norm = global_norm(flat) * inv_scale
+        # After the all-reduce every rank holds the same grads, so this verdict is global.
+        self.overflow = self.loss_scaler is not None and not math.isfinite(norm)
+        if self.overflow:
+            self.skipped_steps += 1
+            scale = self.loss_scaler.loss_scale  # type: ignore[union-attr]
+            self.loss_scaler.update(True)  # type: ignore[union-attr]
+            logger.info(
+                f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; loss scale "
+                f"{scale:g} -> {self.loss_scaler.loss_scale:g}"  # type: ignore[union-attr]
+            )
+            self.grads.zero()
+        else:
+            unscale_and_clip_(flat, inv_scale, norm, float(self.config.gradient_clipping or 0.0))
+            self._global_grad_norm = norm
+            if self.optimizer is not None:
+                self.masters.attach_grads(self.grads.grads())
+                self.optimizer.step()
+                self.masters.detach_grads()
+                self.masters.copy_to_model()
+            if self.loss_scaler is not None:
+                self.loss_scaler.update(False)
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step(**lr_kwargs)
+            self.grads.zero()
+        self.global_steps += 1
+        self.metrics.on_step(
+            self.global_steps,
+            self.get_lr()[0] if self.optimizer else 0.0,
+            self.loss_scaler.loss_scale if self.loss_scaler else None,
+            self._global_grad_norm,
+        )
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return (self.micro_steps + 1) % self._gas == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        self._boundary_override = bool(is_boundary)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate without reducing: the reduction happens on the next synced boundary."""
+        self.grads.sync_enabled = False
+        try:
+            yield
+        finally:
+            self.grads.sync_enabled = True
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.grads.zero()
+        for p in self.module.parameters():
+            p.grad = None
+
+    # -- queries -----------------------------------------------------------------------------
+    def get_lr(self) -> list[float]:
+        return [g["lr"] for g in self.optimizer.param_groups] if self.optimizer else []
+
+    def get_global_grad_norm(self) -> float | None:
+        return self._global_grad_norm
+
+    def train_batch_size(self) -> int:
+        return self._train_batch_size
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self._micro_batch_size
+
+    def gradient_accumulation_steps(self) -> int:
+        return self._gas
+
+    def fp16_enabled(self) -> bool:
+        return bool(self.config.fp16.enabled)
+
+    def bf16_enabled(self) -> bool:
+        return bool(self.config.bf16.enabled)
+
+    def zero_optimization_stage(self) -> int:
+        return int(self.config.zero_optimization.stage)
+
+    @property
+    def loss_scale(self) -> float:
+        return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def save_checkpoint(
+        self,
+        save_dir: Any,
+        tag: Any = None,
+        client_state: Any = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        return ckpt.save_checkpoint(
+            self, save_dir, tag, client_state or {}, save_latest, exclude_frozen_parameters
+        )
+
+    def load_checkpoint(
+        self,
+        load_dir: Any,
+        tag: Any = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ) -> tuple[Any, Any]:
+        return ckpt.load_checkpoint(
+            self,
+            load_dir,
+            tag,
+            load_module_strict,
+            load_optimizer_states,
+            load_lr_scheduler_states,
+            load_module_only,
+        )
+
+    def destroy(self) -> None:
+        self.grads.remove_hooks()
+        self.metrics.close()
+
+    # -- module passthrough --------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is not None and hasattr(module, name):
+                return getattr(module, name)
+            raise

@@ -1,0 +1,70 @@
+"""Where gradients go after backward: flat accumulation buckets, reduced at the boundary.
+
+[Note: gradient path]
+A post-accumulate-grad hook on each trainable param adds its fresh .grad into that param's
+view of a flat bucket (in the accumulation dtype: fp32 for 16-bit models, as upstream's
+default grad_accum_dtype) and drops .grad, so a micro-step holds one copy of the gradients.
+On the micro-step that ends an accumulation window the hook also marks the param ready,
+which launches the bucket's all-reduce while backward continues (comm.GradBuckets). After
+wait(), the buckets hold the averaged sum over ranks and micro-steps; grads() exposes them
+as per-param views for the optimizer, clipping and get_global_grad_norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import GradBuckets
+
+
+class GradAccumulator:
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        accum_dtype: torch.dtype,
+        bucket_numel: int,
+        group: Any = None,
+    ) -> None:
+        self.params = [p for p in params if p.requires_grad]
+        self.buckets = GradBuckets(self.params, bucket_numel, accum_dtype, group=group)
+        self.reduce_now = False  # set by the engine before a boundary micro-step's backward
+        self.sync_enabled = True  # False inside engine.no_sync()
+        self.received: set[int] = set()  # params that got a gradient since the last zero()
+        self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
+
+    def _hook(self, p: torch.Tensor) -> None:
+        assert p.grad is not None
+        self.buckets.grad_view(p).add_(p.grad)
+        p.grad = None
+        self.received.add(id(p))
+        if self.reduce_now:
+            self.buckets.mark_ready(p)
+
+    def begin(self, boundary: bool) -> None:
+        """Called before a micro-step's backward."""
+        self.reduce_now = boundary and self.sync_enabled
+        if self.reduce_now:
+            self.buckets.start()
+
+    def finish(self) -> None:
+        """Called after a boundary micro-step's backward: complete the all-reduce."""
+        if self.reduce_now:
+            self.buckets.wait()
+            self.reduce_now = False
+
+    def grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:
+        return [(p, self.buckets.grad_view(p)) for p in self.params]
+
+    def flat(self) -> list[torch.Tensor]:
+        return self.buckets.buffers
+
+    def zero(self) -> None:
+        self.buckets.zero()
+        self.received.clear()
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -1,0 +1,28 @@
+"""Global gradient norm over the flat buffers, and one fused unscale-and-clip multiply."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def global_norm(flat: list[torch.Tensor]) -> float:
+    """L2 norm over all buffers (inf or nan when any element is)."""
+    if not flat:
+        return 0.0
+    sq = torch.stack([b.float().pow(2).sum() for b in flat]).sum()
+    return float(sq.sqrt())
+
+
+def unscale_and_clip_(
+    flat: list[torch.Tensor], inv_scale: float, norm: float, max_norm: float
+) -> None:
+    """Multiply grads once by 1/loss_scale and, if the unscaled norm exceeds max_norm, by
+    max_norm/norm (torch's clip_grad_norm_ rule, with its 1e-6)."""
+    factor = inv_scale
+    if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
+        factor *= max_norm / (norm + 1e-6)
+    if factor != 1.0:
+        for b in flat:
+            b.mul_(factor)

@@ -1,0 +1,80 @@
+"""deepspeed.initialize: upstream's entry point and signature."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.config import parse
+
+from .engine import DeepSpeedEngine
+
+
+def initialize(
+    args: Any = None,
+    model: torch.nn.Module | None = None,
+    optimizer: Any = None,
+    model_parameters: Any = None,
+    training_data: Any = None,
+    lr_scheduler: Any = None,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Any = None,
+    config: Any = None,
+    config_params: Any = None,
+) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+    """-> (engine, optimizer, training dataloader or None, lr scheduler or None)."""
+    if model is None:
+        raise ValueError("deepspeed.initialize needs model=<your torch.nn.Module>")
+    if mpu is not None:
+        raise NotImplementedError(
+            "mpu (tensor/pipeline model parallelism) is not in this version yet; "
+            "initialize without mpu for data parallelism"
+        )
+    from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if config is None:
+        config = config_params
+    if from_args is not None and config is not None:
+        raise ValueError(
+            "two DeepSpeed configs were given: args.deepspeed_config and config=...; pass one"
+        )
+    config = config if config is not None else from_args
+    if config is None:
+        raise ValueError(
+            "no DeepSpeed config: pass config=<dict or path> to deepspeed.initialize, or "
+            "--deepspeed_config <path> on the command line"
+        )
+    engine = DeepSpeedEngine(
+        model=model,
+        config=parse(config),
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        training_data=training_data,
+        lr_scheduler=lr_scheduler,
+        collate_fn=collate_fn,
+        dist_init_required=dist_init_required,
+    )
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def add_config_arguments(parser: Any) -> Any:
+    """Upstream's helper: adds --deepspeed, --deepspeed_config (and the deprecated
+    --deepscale, --deepscale_config) to an argparse parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)",
+    )
+    group.add_argument(
+        "--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file."
+    )
+    group.add_argument(
+        "--deepscale", default=False, action="store_true", help="Deprecated: --deepspeed"
+    )
+    group.add_argument(
+        "--deepscale_config", default=None, type=str, help="Deprecated: --deepspeed_config"
+    )
+    return parser

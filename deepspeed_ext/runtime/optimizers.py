@@ -1,0 +1,79 @@
+"""Building the optimizer a config names (upstream's names and params)."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+import torch
+
+from deepspeed_ext.ops.adagrad import DeepSpeedCPUAdagrad
+from deepspeed_ext.ops.adam import DeepSpeedCPUAdam, FusedAdam
+from deepspeed_ext.ops.lamb import FusedLamb
+from deepspeed_ext.ops.lion import DeepSpeedCPULion
+
+OUR_NAMES = ("adam", "adamw", "adagrad", "lamb", "lion", "sgd")
+
+
+def _torch_optimizers() -> dict[str, type]:
+    return {
+        n.lower(): c
+        for n, c in vars(torch.optim).items()
+        if inspect.isclass(c)
+        and issubclass(c, torch.optim.Optimizer)
+        and c is not torch.optim.Optimizer
+    }
+
+
+class OptimizerConfigError(ValueError):
+    pass
+
+
+def build_optimizer(
+    name: str, params: Any, hparams: dict[str, Any], on_cpu: bool
+) -> torch.optim.Optimizer:
+    """`optimizer: {type: name, params: hparams}` -> an optimizer over `params`.
+
+    adam/adamw: our SIMD DeepSpeedCPUAdam for CPU params, FusedAdam for device params
+    (torch_adam: true picks torch's); adagrad and lion: our CPU ops on CPU, torch's or an
+    error on device; lamb: FusedLamb; sgd and any other torch.optim class by name.
+    """
+    key = name.lower()
+    hp = dict(hparams)
+    try:
+        if key in ("adam", "adamw"):
+            adamw = key == "adamw" or bool(hp.pop("adam_w_mode", True))
+            hp.pop("adamw_mode", None)
+            if hp.pop("torch_adam", False):
+                cls = torch.optim.AdamW if adamw else torch.optim.Adam
+                return cls(params, **hp)
+            if on_cpu:
+                return DeepSpeedCPUAdam(params, adamw_mode=adamw, **hp)
+            return FusedAdam(params, adam_w_mode=adamw, **hp)
+        if key == "adagrad":
+            return (
+                DeepSpeedCPUAdagrad(params, **hp) if on_cpu else torch.optim.Adagrad(params, **hp)
+            )
+        if key == "lion":
+            if not on_cpu:
+                raise OptimizerConfigError(
+                    "optimizer.type 'lion' runs on CPU params only in this version (our CUDA Lion "
+                    "is not built yet); use 'adamw', or offload the optimizer to CPU"
+                )
+            return DeepSpeedCPULion(params, **hp)
+        if key == "lamb":
+            return FusedLamb(params, **hp)
+        torch_opts = _torch_optimizers()
+        if key in torch_opts:
+            return torch_opts[key](params, **hp)
+    except TypeError as exc:
+        raise OptimizerConfigError(
+            f"optimizer.params for '{name}' are not accepted: {exc}"
+        ) from None
+    known = sorted(set(OUR_NAMES) | set(_torch_optimizers()))
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise OptimizerConfigError(
+        f"optimizer.type '{name}' is not a known optimizer.{hint} Known: {', '.join(known)}"
+    )

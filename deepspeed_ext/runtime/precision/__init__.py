@@ -1,0 +1,10 @@
+from .loss_scaler import DynamicLossScaler, LossScaleError, StaticLossScaler, make_loss_scaler
+from .master_weights import MasterWeights
+
+__all__ = [
+    "DynamicLossScaler",
+    "LossScaleError",
+    "MasterWeights",
+    "StaticLossScaler",
+    "make_loss_scaler",
+]
