@@ -1,9 +1,11 @@
 """Metrics and their sinks (layer 3: imports accelerator and utils only)."""
 
 from .metrics import StepMetrics
+from .timers import PhaseTimers
 from .writers import CsvWriter, JsonLinesWriter, TensorBoardWriter, writers_from_config
 
 __all__ = [
+    "PhaseTimers",
     "CsvWriter",
     "JsonLinesWriter",
     "StepMetrics",

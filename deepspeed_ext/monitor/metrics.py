@@ -11,18 +11,25 @@ from typing import Any
 
 from deepspeed_ext.utils.logging import logger
 
+from .timers import PhaseTimers
 from .writers import Writer
 
 
 class StepMetrics:
     def __init__(
-        self, every: int | None, writers: list[Writer], peak_memory: Any, world_size: int
+        self,
+        every: int | None,
+        writers: list[Writer],
+        peak_memory: Any,
+        world_size: int,
+        timers: PhaseTimers | None = None,
     ) -> None:
         # steps_per_print None (upstream's default): no periodic line; monitors still get
         # every step.
         self.print_line = every is not None
         self.every = max(1, int(every)) if every is not None else 1
         self.writers = writers
+        self.timers = timers
         self.peak_memory = peak_memory  # callable -> bytes
         self.world_size = world_size
         self._t0 = time.perf_counter()
@@ -62,6 +69,8 @@ class StepMetrics:
         if self._tokens:
             values["tokens_per_s"] = self._tokens * self.world_size / dt
         values["peak_mem_gib"] = self.peak_memory() / 2**30
+        breakdown = self.timers.take_ms() if self.timers is not None else {}
+        values.update(breakdown)
         self.last = values
         parts = [f"step {step}"]
         if "loss" in values:
@@ -73,6 +82,7 @@ class StepMetrics:
         if "tokens_per_s" in values:
             parts.append(f"tokens/s {values['tokens_per_s']:.0f}")
         parts.append(f"peak mem {values['peak_mem_gib']:.2f} GiB")
+        parts += [f"{k[:-3]} {v:.1f} ms" for k, v in breakdown.items()]
         if self.print_line:
             logger.info(" | ".join(parts))
         for w in self.writers:

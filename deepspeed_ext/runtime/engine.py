@@ -18,7 +18,7 @@ import torch
 
 from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
-from deepspeed_ext.monitor import StepMetrics, writers_from_config
+from deepspeed_ext.monitor import PhaseTimers, StepMetrics, writers_from_config
 from deepspeed_ext.utils.logging import logger
 
 from . import checkpoint as ckpt
@@ -81,11 +81,13 @@ class DeepSpeedEngine(torch.nn.Module):
             if training_data is not None
             else None
         )
+        self.timers = PhaseTimers(bool(config.wall_clock_breakdown), acc.synchronize)
         self.metrics = StepMetrics(
             config.steps_per_print,
             writers_from_config(config) if self.rank == 0 else [],
             acc.max_memory_allocated,
             self.world_size,
+            self.timers,
         )
         self.global_steps = 0
         self.global_samples = 0
@@ -180,7 +182,8 @@ class DeepSpeedEngine(torch.nn.Module):
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         samples, tokens = batch_tokens(inputs, kwargs)
         self.metrics.add_micro_batch(samples, tokens)
-        return self.module(*inputs, **kwargs)
+        with self.timers.phase("forward"):
+            return self.module(*inputs, **kwargs)
 
     def backward(
         self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
@@ -190,13 +193,21 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         self.grads.begin(self.is_gradient_accumulation_boundary())
-        scaled.backward(retain_graph=retain_graph)
-        self.grads.finish()
+        with self.timers.phase("backward"):
+            scaled.backward(retain_graph=retain_graph)
+            self.grads.finish()
         return loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         if self.is_gradient_accumulation_boundary():
-            self._model_step(lr_kwargs or {})
+            with self.timers.phase("step"):
+                self._model_step(lr_kwargs or {})
+            self.metrics.on_step(
+                self.global_steps,
+                self.get_lr()[0] if self.optimizer else 0.0,
+                self.loss_scaler.loss_scale if self.loss_scaler else None,
+                self._global_grad_norm,
+            )
         self.micro_steps += 1
         self.global_samples += self._micro_batch_size * self.world_size
         self._boundary_override = None
@@ -230,12 +241,6 @@ class DeepSpeedEngine(torch.nn.Module):
                 self.lr_scheduler.step(**lr_kwargs)
             self.grads.zero()
         self.global_steps += 1
-        self.metrics.on_step(
-            self.global_steps,
-            self.get_lr()[0] if self.optimizer else 0.0,
-            self.loss_scaler.loss_scale if self.loss_scaler else None,
-            self._global_grad_norm,
-        )
 
     def is_gradient_accumulation_boundary(self) -> bool:
         if self._boundary_override is not None:

@@ -6,7 +6,7 @@ import torch
 from tests.helpers.distributed import run_ranks
 from tests.unit.runtime.models import batch, loss_fn, mlp
 
-STEPS, GAS, CLIP, LR = 6, 2, 0.5, 1e-2
+STEPS, GAS, CLIP, LR = 6, 2, 0.05, 1e-2
 
 
 def _engine_rank() -> list[torch.Tensor]:
@@ -24,12 +24,16 @@ def _engine_rank() -> list[torch.Tensor]:
             "steps_per_print": 1000,
         },
     )
+    norms = []
     for micro in range(STEPS * GAS):
         x, y = batch(micro, rank)
         loss = loss_fn(engine, x, y)
         engine.backward(loss)
         engine.step()
+        if engine.get_global_grad_norm() is not None:
+            norms.append(engine.get_global_grad_norm())
     assert engine.global_steps == STEPS
+    assert max(norms) > 2 * CLIP, f"clipping never engaged (norms {norms}): the test would be blind"
     out = [p.detach().clone() for p in engine.module.parameters()]
     comm.destroy_process_group()
     return out

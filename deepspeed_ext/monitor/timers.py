@@ -1,0 +1,33 @@
+"""wall_clock_breakdown: time spent in forward, backward and step, per window of steps."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+
+class PhaseTimers:
+    def __init__(self, enabled: bool, synchronize: Callable[[], None]) -> None:
+        self.enabled = enabled
+        self.synchronize = synchronize  # device work must finish inside the phase it belongs to
+        self.totals: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if not self.enabled:
+            yield
+            return
+        self.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.synchronize()
+            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+
+    def take_ms(self) -> dict[str, float]:
+        """Milliseconds per phase since the last call, and reset."""
+        out = {f"{k}_ms": v * 1e3 for k, v in self.totals.items()}
+        self.totals = {}
+        return out

@@ -1,0 +1,194 @@
+"""deepspeed.initialize and the engine's API around the training step."""
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers.distributed import run_ranks
+from tests.unit.runtime.models import batch, loss_fn, mlp
+
+
+def _dataloader_shards(n: int) -> list[int]:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    data = torch.utils.data.TensorDataset(torch.arange(n).float().unsqueeze(1))
+    engine, _, loader, _ = initialize(
+        model=torch.nn.Linear(1, 1),
+        training_data=data,
+        config={
+            "train_micro_batch_size_per_gpu": 4,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        },
+    )
+    seen = [int(v) for (xb,) in loader for v in xb.flatten()]
+    assert all(len(xb) <= 4 for (xb,) in loader)
+    return seen
+
+
+def test_training_data_is_sharded_across_ranks():
+    a, b = run_ranks(_dataloader_shards, 2, 20)
+    assert not set(a) & set(b), "ranks must see disjoint samples"
+    assert sorted(a + b) == list(range(20))
+
+
+def _client_objects() -> dict:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    engine, eopt, _, sched = initialize(
+        model=model,
+        optimizer=opt,
+        lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5),
+        config={"train_micro_batch_size_per_gpu": 8},
+    )
+    x, y = batch(0, 0)
+    engine.backward(loss_fn(engine, x, y))
+    engine.step()
+    engine2, eopt2, _, _ = initialize(
+        model=mlp(),
+        optimizer=lambda params: torch.optim.Adam(params, lr=1e-3),
+        config={"train_micro_batch_size_per_gpu": 8},
+    )
+    return {
+        "same_opt": eopt is opt,
+        "lr_after": engine.get_lr()[0],
+        "sched": type(sched).__name__,
+        "callable_opt": type(eopt2).__name__,
+    }
+
+
+def test_client_optimizer_and_callables():
+    (r,) = run_ranks(_client_objects, 1)
+    assert r["same_opt"] and r["sched"] == "StepLR" and r["lr_after"] == 0.25
+    assert r["callable_opt"] == "Adam"
+
+
+def _init_error(cfg: dict) -> str:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    try:
+        initialize(model=mlp(), config=cfg)
+    except Exception as exc:  # noqa: BLE001
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+@pytest.mark.parametrize(
+    "cfg,expect",
+    [
+        ({"train_micro_batch_size_per_gpu": "auto"}, "train_micro_batch_size_per_gpu"),
+        ({"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2}}, "stage"),
+        (
+            {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "adamm"}},
+            "Did you mean 'adam",
+        ),
+        (
+            {
+                "train_micro_batch_size_per_gpu": 2,
+                "optimizer": {"type": "adamw", "params": {"lrr": 1}},
+            },
+            "lrr",
+        ),
+        ({"train_micro_batch_size_per_gpu": 2, "fp16": {"enabeld": True}}, "fp16.enabeld"),
+    ],
+)
+def test_bad_config_fails_at_initialize_naming_the_key(cfg, expect):
+    (msg,) = run_ranks(_init_error, 1, cfg)
+    assert expect in msg, msg
+
+
+def _passthrough_and_counters() -> dict:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    model = mlp()
+    model.custom_attribute = 41
+    engine, *_ = initialize(
+        model=model,
+        config={
+            "train_micro_batch_size_per_gpu": 8,
+            "gradient_accumulation_steps": 3,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        },
+    )
+    boundaries = []
+    for m in range(6):
+        boundaries.append(engine.is_gradient_accumulation_boundary())
+        x, y = batch(m, 0)
+        engine.backward(loss_fn(engine, x, y))
+        engine.step()
+    engine.set_gradient_accumulation_boundary(True)
+    forced = engine.is_gradient_accumulation_boundary()
+    return {
+        "attr": engine.custom_attribute,
+        "boundaries": boundaries,
+        "forced": forced,
+        "steps": engine.global_steps,
+        "samples": engine.global_samples,
+        "tbs": engine.train_batch_size(),
+    }
+
+
+def test_module_passthrough_and_step_counters():
+    (r,) = run_ranks(_passthrough_and_counters, 1)
+    assert r["attr"] == 41
+    assert r["boundaries"] == [False, False, True, False, False, True]
+    assert r["forced"] and r["steps"] == 2 and r["samples"] == 48 and r["tbs"] == 24
+
+
+def _monitored(out: str) -> None:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(
+        model=mlp(),
+        config={
+            "train_micro_batch_size_per_gpu": 8,
+            "steps_per_print": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "jsonl_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
+            "csv_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
+        },
+    )
+    for s in range(4):
+        x, y = batch(s, 0)
+        engine.backward(loss_fn(engine, x, y))
+        engine.step()
+    engine.destroy()
+
+
+def test_monitors_write_the_metrics_line_values(tmp_path, capfd):
+    run_ranks(_monitored, 1, str(tmp_path))
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4]
+    for key in ("loss", "lr", "samples_per_s", "peak_mem_gib", "grad_norm"):
+        assert key in rows[0], rows[0]
+    csv_lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("step,loss,lr") and len(csv_lines) == 3
+    err = capfd.readouterr().err
+    assert "step 2 | loss" in err and "samples/s" in err and "peak mem" in err
+
+
+def _breakdown() -> None:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(
+        model=mlp(),
+        config={
+            "train_micro_batch_size_per_gpu": 8,
+            "steps_per_print": 2,
+            "wall_clock_breakdown": True,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        },
+    )
+    for s in range(2):
+        x, y = batch(s, 0)
+        engine.backward(loss_fn(engine, x, y))
+        engine.step()
+
+
+def test_wall_clock_breakdown_adds_phase_times(capfd):
+    run_ranks(_breakdown, 1)
+    err = capfd.readouterr().err
+    line = next(ln for ln in err.splitlines() if "step 2 |" in ln)
+    assert "forward" in line and "backward" in line and " step " in line.split("peak mem")[1], line
