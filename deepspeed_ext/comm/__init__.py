@@ -24,12 +24,16 @@ from .init import (
     init_distributed,
     is_initialized,
 )
+from .sharded import all_gather_bucket, all_reduce_sum_, reduce_scatter_bucket
 
 __all__ = [
     "DistEnv",
     "GradBuckets",
     "ReduceOp",
     "all_gather",
+    "all_gather_bucket",
+    "all_reduce_sum_",
+    "reduce_scatter_bucket",
     "all_gather_object",
     "all_reduce",
     "barrier",

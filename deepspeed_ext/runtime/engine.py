@@ -23,11 +23,12 @@ from deepspeed_ext.utils.logging import logger
 
 from . import checkpoint as ckpt
 from .dataloader import DeepSpeedDataLoader, batch_tokens
-from .grad_accumulation import GradAccumulator
-from .grad_clip import global_norm, unscale_and_clip_
+from .dp_strategy import DataParallelStrategy
+from .grad_clip import clip_factor
 from .lr_schedules import get_lr_scheduler
 from .optimizers import build_optimizer
-from .precision import MasterWeights, make_loss_scaler
+from .precision import make_loss_scaler
+from .zero_checks import check_zero_optimizer, optimizer_device
 
 # DDP's default bucket: big enough to amortize a collective, small enough to overlap backward.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -69,12 +70,14 @@ class DeepSpeedEngine(torch.nn.Module):
         self._broadcast_module()
 
         params = [p for p in self.module.parameters()]
-        self.masters = MasterWeights(params)
         accum = self._accum_dtype(params)
         elem = torch.tensor([], dtype=accum).element_size()
-        self.grads = GradAccumulator(params, accum, self._bucket_numel(elem))
+        model_groups = self._model_param_groups(optimizer, model_parameters)
+        self.strategy = self._make_strategy(model_groups, accum, self._bucket_numel(elem))
         self.loss_scaler = make_loss_scaler(config.fp16) if config.fp16.enabled else None
-        self.optimizer = self._make_optimizer(optimizer, model_parameters)
+        self.optimizer = self._make_optimizer(optimizer, model_groups)
+        if self.zero_optimization_stage():
+            check_zero_optimizer(self.optimizer, config, client=optimizer is not None)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             self.deepspeed_io(training_data, collate_fn=collate_fn)
@@ -101,10 +104,10 @@ class DeepSpeedEngine(torch.nn.Module):
     @staticmethod
     def _refuse_unavailable(config: Any) -> None:
         stage = config.zero_optimization.stage
-        if stage:
+        if stage >= 3:
             raise NotImplementedError(
-                f"zero_optimization.stage={stage}: ZeRO stages 1-3 are not in this version yet; "
-                "set zero_optimization.stage to 0 (plain data parallelism) for now"
+                f"zero_optimization.stage={stage}: ZeRO stage 3 is not in this version yet; "
+                "use stage 2 (optimizer states and gradients partitioned) for now"
             )
         for name in config.unimplemented_sections():
             logger.warning(f"config section '{name}' is enabled but not used by deepspeed_ext yet")
@@ -128,38 +131,60 @@ class DeepSpeedEngine(torch.nn.Module):
                 for t in [*self.module.parameters(), *self.module.buffers()]:
                     comm.broadcast(t.data, src=0)
 
-    def _make_optimizer(self, client: Any, model_parameters: Any) -> Any:
-        """A client optimizer object (re-pointed at the fp32 masters), a callable taking the
-        param groups, or the config's optimizer section."""
+    def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
+        """The model's param groups: a client optimizer's, model_parameters (params or groups),
+        or every module param in one group."""
         if isinstance(client, torch.optim.Optimizer):
-            self.masters.swap_into(client)
+            return [dict(g) for g in client.param_groups]
+        if model_parameters is None:
+            return [{"params": list(self.module.parameters())}]
+        items = list(model_parameters)
+        if items and isinstance(items[0], dict):
+            return [dict(g, params=list(g["params"])) for g in items]
+        return [{"params": items}]
+
+    def _make_strategy(self, groups: list[dict[str, Any]], accum: torch.dtype, bucket: int) -> Any:
+        stage = self.zero_optimization_stage()
+        if stage == 0:
+            return DataParallelStrategy(self.module, accum, bucket)
+        from deepspeed_ext.zero import ZeroStrategy
+
+        return ZeroStrategy(
+            self.module, groups, stage, bucket, accum, optimizer_device(self.config, self.device)
+        )
+
+    def _optimizer_groups(self, model_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.zero_optimization_stage():
+            return self.strategy.optimizer_param_groups()  # type: ignore[no-any-return]
+        trainable = [
+            dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in model_groups
+        ]
+        return self.strategy.optimizer_param_groups([g for g in trainable if g["params"]])  # type: ignore[no-any-return]
+
+    def _make_optimizer(self, client: Any, model_groups: list[dict[str, Any]]) -> Any:
+        """A client optimizer object (re-pointed at the fp32 masters or partitions), a callable
+        taking the param groups, or the config's optimizer section."""
+        if isinstance(client, torch.optim.Optimizer):
+            self.strategy.repoint(client)
             return client
-        params = self._master_param_groups(model_parameters)
+        groups = self._optimizer_groups(model_groups)
         if callable(client):
-            return client(params)
+            return client(groups)
         if client is not None:
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer or a callable, not {type(client)}"
             )
         if self.config.optimizer is None or not self.config.optimizer.type:
             return None
+        master_device = (
+            groups[0]["params"][0].device if groups and groups[0]["params"] else self.device
+        )
         return build_optimizer(
             self.config.optimizer.type,
-            params,
+            groups,
             dict(self.config.optimizer.params or {}),
-            on_cpu=self.device.type == "cpu",
+            on_cpu=master_device.type == "cpu",
         )
-
-    def _master_param_groups(self, model_parameters: Any) -> Any:
-        """model_parameters (params or groups of the model) mapped onto the fp32 masters."""
-        if model_parameters is None:
-            return [m for m in self.masters.masters if m.requires_grad]
-        items = list(model_parameters)
-        if items and isinstance(items[0], dict):
-            return [
-                {**g, "params": [self.masters.master_of[id(p)] for p in g["params"]]} for g in items
-            ]
-        return [self.masters.master_of[id(p)] for p in items]
 
     def _make_scheduler(self, client: Any) -> Any:
         """A client scheduler object, a callable taking the optimizer, or the config's."""
@@ -192,10 +217,10 @@ class DeepSpeedEngine(torch.nn.Module):
         scaled = loss.float() / self._gas if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
-        self.grads.begin(self.is_gradient_accumulation_boundary())
+        self.strategy.begin_backward(self.is_gradient_accumulation_boundary())
         with self.timers.phase("backward"):
             scaled.backward(retain_graph=retain_graph)
-            self.grads.finish()
+            self.strategy.end_backward()
         return loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
@@ -213,10 +238,8 @@ class DeepSpeedEngine(torch.nn.Module):
         self._boundary_override = None
 
     def _model_step(self, lr_kwargs: dict[str, Any]) -> None:
-        flat = self.grads.flat()
         inv_scale = 1.0 / self.loss_scaler.loss_scale if self.loss_scaler else 1.0
-        norm = global_norm(flat) * inv_scale
-        # After the all-reduce every rank holds the same grads, so this verdict is global.
+        norm = self.strategy.grad_norm() * inv_scale  # global: every rank gets the same value
         self.overflow = self.loss_scaler is not None and not math.isfinite(norm)
         if self.overflow:
             self.skipped_steps += 1
@@ -226,20 +249,19 @@ class DeepSpeedEngine(torch.nn.Module):
                 f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; loss scale "
                 f"{scale:g} -> {self.loss_scaler.loss_scale:g}"  # type: ignore[union-attr]
             )
-            self.grads.zero()
         else:
-            unscale_and_clip_(flat, inv_scale, norm, float(self.config.gradient_clipping or 0.0))
+            clip = float(self.config.gradient_clipping or 0.0)
+            self.strategy.scale_grads_(clip_factor(inv_scale, norm, clip))
             self._global_grad_norm = norm
             if self.optimizer is not None:
-                self.masters.attach_grads(self.grads.grads())
+                self.strategy.before_step()
                 self.optimizer.step()
-                self.masters.detach_grads()
-                self.masters.copy_to_model()
+                self.strategy.after_step()
             if self.loss_scaler is not None:
                 self.loss_scaler.update(False)
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step(**lr_kwargs)
-            self.grads.zero()
+        self.strategy.zero_grads()
         self.global_steps += 1
 
     def is_gradient_accumulation_boundary(self) -> bool:
@@ -253,14 +275,14 @@ class DeepSpeedEngine(torch.nn.Module):
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate without reducing: the reduction happens on the next synced boundary."""
-        self.grads.sync_enabled = False
+        self.strategy.sync_enabled = False
         try:
             yield
         finally:
-            self.grads.sync_enabled = True
+            self.strategy.sync_enabled = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.grads.zero()
+        self.strategy.zero_grads()
         for p in self.module.parameters():
             p.grad = None
 
@@ -326,7 +348,7 @@ class DeepSpeedEngine(torch.nn.Module):
         )
 
     def destroy(self) -> None:
-        self.grads.remove_hooks()
+        self.strategy.remove_hooks()
         self.metrics.close()
 
     # -- module passthrough --------------------------------------------------------------------

@@ -15,14 +15,10 @@ def global_norm(flat: list[torch.Tensor]) -> float:
     return float(sq.sqrt())
 
 
-def unscale_and_clip_(
-    flat: list[torch.Tensor], inv_scale: float, norm: float, max_norm: float
-) -> None:
-    """Multiply grads once by 1/loss_scale and, if the unscaled norm exceeds max_norm, by
-    max_norm/norm (torch's clip_grad_norm_ rule, with its 1e-6)."""
+def clip_factor(inv_scale: float, norm: float, max_norm: float) -> float:
+    """The one multiplier that unscales (1/loss_scale) and, if the unscaled norm exceeds
+    max_norm, clips to it (torch's clip_grad_norm_ rule, with its 1e-6)."""
     factor = inv_scale
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         factor *= max_norm / (norm + 1e-6)
-    if factor != 1.0:
-        for b in flat:
-            b.mul_(factor)
+    return factor

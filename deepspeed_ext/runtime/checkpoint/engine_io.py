@@ -19,6 +19,7 @@ from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.version import __version__
 
 from . import atomic, layout, safe_load
+from .safe_load import CheckpointError
 
 # Keys the engine owns; everything else in the file is the client's.
 ENGINE_KEYS = frozenset(
@@ -39,6 +40,8 @@ ENGINE_KEYS = frozenset(
         "rng",
         "frozen_param_names",
         "buffer_names",
+        "zero_stage",
+        "zero_layouts",
     }
 )
 
@@ -75,17 +78,34 @@ def save_checkpoint(
         raise ValueError(
             f"client_state keys {sorted(clash)} are reserved by the engine; rename them"
         )
+    stage = engine.zero_optimization_stage()
     if comm.get_rank() == 0:
         safe_load.check_loadable(client_state, "client_state")
-        tmp = atomic.prepare(save_dir, tag)
+        atomic.prepare(save_dir, tag)
+    comm.barrier()
+    tmp = atomic.tmp_dir_for(save_dir, tag)
+    if stage:  # every rank writes its own partition
+        torch.save(
+            {
+                "optimizer_state_dict": engine.optimizer.state_dict(),
+                "fp32_partitions": engine.strategy.master_partitions(),
+                "zero_stage": stage,
+                "partition_count": comm.get_world_size(),
+                "zero_layouts": engine.strategy.layouts(),
+                "ds_version": __version__,
+            },
+            tmp / layout.zero_optim_states_name(comm.get_rank()),
+        )
     comm.barrier()
     if comm.get_rank() == 0:
         state = {
             "module": _module_state(engine, exclude_frozen_parameters),
-            "optimizer": engine.optimizer.state_dict() if engine.optimizer is not None else None,
-            "master_weights": [m.detach() for m in engine.masters.masters]
-            if engine.masters.is_copy
+            "optimizer": engine.optimizer.state_dict()
+            if engine.optimizer is not None and not stage
             else None,
+            "master_weights": None if stage else engine.strategy.master_copies(),
+            "zero_stage": stage,
+            "zero_layouts": engine.strategy.layouts() if stage else None,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,
             "global_steps": engine.global_steps,
@@ -128,15 +148,17 @@ def load_checkpoint(
             return None, None
     path = load_dir / str(tag) / layout.model_states_name()
     state = safe_load.load(path)
-    engine.module.load_state_dict(state["module"], strict=load_module_strict)
-    engine.masters.copy_from_model()
+    with torch.no_grad():  # in place: ZeRO params are views into flat buffers
+        engine.module.load_state_dict(state["module"], strict=load_module_strict)
+    engine.strategy.sync_masters_from_model()
+    stage = engine.zero_optimization_stage()
     if not load_module_only:
-        if load_optimizer_states and state.get("optimizer") is not None and engine.optimizer:
+        if load_optimizer_states and engine.optimizer and stage:
+            _load_zero_partition(engine, path.parent, int(state.get("zero_stage") or 0))
+        elif load_optimizer_states and state.get("optimizer") is not None and engine.optimizer:
             engine.optimizer.load_state_dict(state["optimizer"])
             if state.get("master_weights") is not None:
-                with torch.no_grad():
-                    for m, saved in zip(engine.masters.masters, state["master_weights"]):
-                        m.copy_(saved)
+                engine.strategy.load_master_copies(state["master_weights"])
         if load_lr_scheduler_states and engine.lr_scheduler and state.get("lr_scheduler"):
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if engine.loss_scaler is not None and state.get("loss_scaler"):
@@ -161,3 +183,15 @@ def _as_random_state(s: Any) -> tuple[Any, ...]:
     # weights_only loading keeps tuples, but be lenient with lists
     version, internal, gauss = s
     return (version, tuple(internal), gauss)
+
+
+def _load_zero_partition(engine: Any, ckpt_dir: Path, saved_stage: int) -> None:
+    if saved_stage == 0:
+        raise CheckpointError(
+            f"{ckpt_dir} was written without ZeRO (stage 0); load it with "
+            "load_optimizer_states=False, or train with the stage it was saved with"
+        )
+    part = safe_load.load(ckpt_dir / layout.zero_optim_states_name(comm.get_rank()))
+    engine.strategy.check_layouts(part["zero_layouts"])
+    engine.optimizer.load_state_dict(part["optimizer_state_dict"])
+    engine.strategy.load_master_partitions(part["fp32_partitions"])

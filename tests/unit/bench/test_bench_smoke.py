@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
     [
         ("cpu_adam.py", ["--smoke", "--no-upstream"], "cpu_adam_smoke.json"),
         ("fused_adam.py", ["--smoke"], None),  # prints "skipped" without a GPU
+        ("ddp_step.py", ["--smoke", "--no-upstream"], "ddp_step_smoke.json"),  # ~25 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -27,7 +28,16 @@ def test_bench_smoke(script, args, result, tmp_path):
         env={**os.environ, "DS_BENCH_RESULTS": str(tmp_path)},
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    if result:
+    if result == "ddp_step_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        for case in ("fp32", "bf16"):
+            for impl in ("ours", "ddp"):  # two 2-rank jobs each; upstream skipped
+                entry = data["contenders"][f"{impl} {case}"]
+                assert entry["median_steps_per_s"] > 0, entry
+                assert entry["threads_per_rank"] == 1, entry
+            assert data["ratios"][case]["ddp"]["ours_over_peer"] > 0, data["ratios"]
+        assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
+    elif result:
         data = json.loads((tmp_path / result).read_text())
         for case in ("fp32", "bf16"):
             medians = data["cases"][case]["median_step_s"]

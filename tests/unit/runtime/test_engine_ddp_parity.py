@@ -9,7 +9,7 @@ from tests.unit.runtime.models import batch, loss_fn, mlp
 STEPS, GAS, CLIP, LR = 6, 2, 0.05, 1e-2
 
 
-def _engine_rank() -> list[torch.Tensor]:
+def _engine_rank(opt: str = "adamw") -> list[torch.Tensor]:
     import deepspeed_ext.comm as comm
     from deepspeed_ext.runtime.initialize import initialize
 
@@ -19,8 +19,10 @@ def _engine_rank() -> list[torch.Tensor]:
         config={
             "train_micro_batch_size_per_gpu": 8,
             "gradient_accumulation_steps": GAS,
-            "gradient_clipping": CLIP,
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+            "gradient_clipping": CLIP if opt == "adamw" else 0.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}}
+            if opt == "adamw"
+            else {"type": "SGD", "params": {"lr": 0.1}},
             "steps_per_print": 1000,
         },
     )
@@ -33,20 +35,26 @@ def _engine_rank() -> list[torch.Tensor]:
         if engine.get_global_grad_norm() is not None:
             norms.append(engine.get_global_grad_norm())
     assert engine.global_steps == STEPS
-    assert max(norms) > 2 * CLIP, f"clipping never engaged (norms {norms}): the test would be blind"
+    if opt == "adamw":
+        assert max(norms) > 2 * CLIP, f"clipping never engaged (norms {norms}): a blind test"
     out = [p.detach().clone() for p in engine.module.parameters()]
     comm.destroy_process_group()
     return out
 
 
-def _ddp_rank() -> list[torch.Tensor]:
+def _ddp_rank(opt: str = "adamw") -> list[torch.Tensor]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model = DDP(mlp())
-    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    sgd = opt == "sgd"
+    opt = (
+        torch.optim.SGD(model.parameters(), lr=0.1)
+        if sgd
+        else torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
+    )
     for micro in range(STEPS * GAS):
         x, y = batch(micro, rank)
         boundary = (micro + 1) % GAS == 0
@@ -54,12 +62,21 @@ def _ddp_rank() -> list[torch.Tensor]:
         with ctx:
             (loss_fn(model, x, y) / GAS).backward()
         if boundary:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            if not sgd:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
             opt.zero_grad()
     out = [p.detach().clone() for p in model.module.parameters()]
     dist.destroy_process_group()
     return out
+
+
+def test_two_ranks_match_ddp_with_sgd_without_clipping():
+    """Adam and clipping hide a wrong gradient scale; plain SGD does not."""
+    ours = run_ranks(_engine_rank, 2, "sgd")
+    ref = run_ranks(_ddp_rank, 2, "sgd")
+    for a, b in zip(ours[0], ref[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-6)
 
 
 def test_two_ranks_match_ddp_with_accumulation_and_clipping():

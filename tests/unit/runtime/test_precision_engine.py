@@ -29,7 +29,7 @@ def _run(cfg_extra: dict, steps: int, inject_inf_at: set[int] = frozenset()) -> 
             after = [p.detach().clone() for p in engine.module.parameters()]
             params_before_after[s] = all(torch.equal(a, b) for a, b in zip(before, after))
         scales.append(engine.loss_scale)
-    masters = [m.detach().clone() for m in engine.masters.masters]
+    masters = [m.detach().clone() for m in engine.strategy.masters.masters]
     model = [p.detach().clone() for p in engine.module.parameters()]
     return {
         "scales": scales,

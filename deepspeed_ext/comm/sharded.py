@@ -1,0 +1,35 @@
+"""Collectives for sharded (ZeRO) data parallelism: a bucket reduce-scattered to its owners,
+a bucket all-gathered back. Both async; both identities in a world of one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = None) -> Any:
+    """out (bucket.numel() / world) <- this rank's chunk of the sum of every rank's bucket."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        out.copy_(bucket)
+        return _Done()
+    return dist.reduce_scatter_tensor(out, bucket, group=group, async_op=True)
+
+
+def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = None) -> Any:
+    """bucket <- every rank's chunk, in rank order."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        bucket.copy_(chunk)
+        return _Done()
+    return dist.all_gather_into_tensor(bucket, chunk, group=group, async_op=True)
+
+
+def all_reduce_sum_(t: torch.Tensor, group: Any = None) -> None:
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, group=group)

@@ -1,0 +1,79 @@
+"""Stage 0 (plain data parallelism) behind the engine's gradient-strategy interface
+(see zero/strategy.py for the calls): full fp32 masters for 16-bit models, gradients in
+all-reduced accumulation buckets ([Note: gradient path])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .grad_accumulation import GradAccumulator
+from .grad_clip import global_norm
+from .precision import MasterWeights
+
+
+class DataParallelStrategy:
+    stage = 0
+
+    def __init__(
+        self, module: torch.nn.Module, accum_dtype: torch.dtype, bucket_numel: int
+    ) -> None:
+        params = list(module.parameters())
+        self.masters = MasterWeights(params)
+        self.grads = GradAccumulator(params, accum_dtype, bucket_numel)
+
+    @property
+    def sync_enabled(self) -> bool:
+        return self.grads.sync_enabled
+
+    @sync_enabled.setter
+    def sync_enabled(self, value: bool) -> None:
+        self.grads.sync_enabled = value
+
+    def optimizer_param_groups(self, model_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        of = self.masters.master_of
+        return [{**g, "params": [of[id(p)] for p in g["params"]]} for g in model_groups]
+
+    def repoint(self, optimizer: torch.optim.Optimizer) -> None:
+        self.masters.swap_into(optimizer)
+
+    def begin_backward(self, boundary: bool) -> None:
+        self.grads.begin(boundary)
+
+    def end_backward(self) -> None:
+        self.grads.finish()
+
+    def grad_norm(self) -> float:
+        # after the all-reduce every rank holds the same grads: the local norm is global
+        return global_norm(self.grads.flat())
+
+    def scale_grads_(self, factor: float) -> None:
+        if factor != 1.0:
+            for b in self.grads.flat():
+                b.mul_(factor)
+
+    def before_step(self) -> None:
+        self.masters.attach_grads(self.grads.grads())
+
+    def after_step(self) -> None:
+        self.masters.detach_grads()
+        self.masters.copy_to_model()
+
+    def zero_grads(self) -> None:
+        self.grads.zero()
+
+    def remove_hooks(self) -> None:
+        self.grads.remove_hooks()
+
+    def master_copies(self) -> list[torch.Tensor] | None:
+        return [m.detach() for m in self.masters.masters] if self.masters.is_copy else None
+
+    @torch.no_grad()
+    def load_master_copies(self, saved: list[torch.Tensor]) -> None:
+        for m, t in zip(self.masters.masters, saved):
+            m.copy_(t)
+        self.masters.copy_to_model()
+
+    def sync_masters_from_model(self) -> None:
+        self.masters.copy_from_model()

@@ -1,0 +1,135 @@
+"""Gradients into partitions: per-bucket buffers, reduce-scattered to their owners.
+
+[Note: ZeRO gradient reduction]
+A post-accumulate-grad hook adds each param's fresh .grad into its bucket buffer (fp32, or the
+configured accumulation dtype) and frees .grad. Stage 1 keeps full bucket buffers and
+reduce-scatters them once, at the accumulation boundary. Stage 2 reduce-scatters every
+micro-step as each bucket completes, adds the result into the partition's grad, and frees the
+bucket buffer: at most `max_in_flight` buckets exist at once, so no rank ever holds a full
+gradient. Buckets are reduced strictly in layout order on every rank (a different order
+across ranks would mismatch the collectives).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import reduce_scatter_bucket
+
+from .sharded_group import ShardedGroup
+
+
+class ShardedReducer:
+    def __init__(
+        self,
+        groups: list[ShardedGroup],
+        accum_dtype: torch.dtype,
+        reduce_every_micro_step: bool,
+        max_in_flight: int = 2,
+    ) -> None:
+        self.groups = groups
+        self.accum_dtype = accum_dtype
+        self.every_micro = reduce_every_micro_step
+        self.max_in_flight = max_in_flight
+        # global bucket order: (group, bucket)
+        self.order = [
+            (g, b) for g, grp in enumerate(groups) for b in range(len(grp.layout.buckets))
+        ]
+        self.index = {gb: i for i, gb in enumerate(self.order)}
+        self.members = [0] * len(self.order)
+        self.where: dict[int, tuple[int, int]] = {}
+        for g, grp in enumerate(groups):
+            for p in grp.params:
+                b = grp.slot_of[id(p)].bucket
+                self.members[self.index[(g, b)]] += 1
+                self.where[id(p)] = (g, b)
+        self.buffers: dict[int, torch.Tensor] = {}
+        if not self.every_micro:  # stage 1: full accumulation buffers, kept
+            for i in range(len(self.order)):
+                self.buffers[i] = self._new_buffer(i)
+        self.reduce_now = False
+        self._pending: list[int] = []
+        self._next = len(self.order)
+        self._inflight: deque[tuple[Any, torch.Tensor, torch.Tensor, int]] = deque()
+        self._handles = [
+            p.register_post_accumulate_grad_hook(self._hook) for grp in groups for p in grp.params
+        ]
+
+    def _new_buffer(self, i: int) -> torch.Tensor:
+        g, b = self.order[i]
+        grp = self.groups[g]
+        return torch.zeros(
+            grp.layout.buckets[b].numel, dtype=self.accum_dtype, device=grp.flat.device
+        )
+
+    def _view(self, buf: torch.Tensor, grp: ShardedGroup, p: torch.Tensor) -> torch.Tensor:
+        s = grp.slot_of[id(p)]
+        return buf[s.offset : s.offset + s.numel].view(s.shape)
+
+    def _hook(self, p: torch.Tensor) -> None:
+        g, b = self.where[id(p)]
+        i = self.index[(g, b)]
+        if i not in self.buffers:
+            self.buffers[i] = self._new_buffer(i)
+        assert p.grad is not None
+        self._view(self.buffers[i], self.groups[g], p).add_(p.grad)
+        p.grad = None
+        if self.reduce_now:
+            self._pending[i] -= 1
+            self._launch_ready()
+
+    def begin(self, boundary: bool) -> None:
+        self.reduce_now = self.every_micro or boundary
+        if self.reduce_now:
+            self._pending = list(self.members)
+            self._next = 0
+
+    def _launch_ready(self) -> None:
+        while self._next < len(self.order) and self._pending[self._next] <= 0:
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, i: int) -> None:
+        g, b = self.order[i]
+        grp = self.groups[g]
+        buf = self.buffers.get(i)
+        if buf is None:  # no param of this bucket got a gradient in this backward
+            buf = self._new_buffer(i)
+        out = torch.empty(buf.numel() // grp.world, dtype=buf.dtype, device=buf.device)
+        work = reduce_scatter_bucket(out, buf)
+        self._inflight.append((work, out, buf, i))
+        if self.every_micro:
+            self.buffers.pop(i, None)  # the in-flight entry keeps it alive until reduced
+            while len(self._inflight) > self.max_in_flight:
+                self._drain_one()
+
+    def _drain_one(self) -> None:
+        work, out, buf, i = self._inflight.popleft()
+        work.wait()
+        g, b = self.order[i]
+        grp = self.groups[g]
+        grp.grad_chunk(b).add_(out.to(grp.grad.device, non_blocking=True), alpha=1.0 / grp.world)
+        if not self.every_micro:
+            buf.zero_()  # stage 1: reuse the accumulation buffer next window
+
+    def finish(self) -> None:
+        if not self.reduce_now:
+            return
+        while self._next < len(self.order):
+            self._launch(self._next)
+            self._next += 1
+        while self._inflight:
+            self._drain_one()
+        self.reduce_now = False
+
+    def zero(self) -> None:
+        for grp in self.groups:
+            grp.grad.zero_()
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

@@ -1,0 +1,143 @@
+"""ZeRO stages 1 and 2 behind the engine's gradient-strategy interface.
+
+The engine calls: begin_backward(boundary) / end_backward() around each micro-step's backward,
+then on a boundary grad_norm(), scale_grads_(f), before_step(), optimizer.step(),
+after_step(), zero_grads(). The optimizer sees one flat fp32 master partition per param group.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import all_gather_bucket, all_reduce_sum_, get_rank, get_world_size
+
+from .layout import GroupLayout, plan_group
+from .reducer import ShardedReducer
+from .sharded_group import ShardedGroup
+
+
+class ZeroStrategy:
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        model_groups: list[dict[str, Any]],
+        stage: int,
+        bucket_numel: int,
+        accum_dtype: torch.dtype,
+        optimizer_device: torch.device,
+    ) -> None:
+        self.stage = stage
+        self.world = get_world_size()
+        self.rank = get_rank()
+        names = {id(p): n for n, p in module.named_parameters()}
+        self.groups: list[ShardedGroup] = []
+        self.group_options: list[dict[str, Any]] = []
+        for g in model_groups:
+            trainable = [p for p in g["params"] if p.requires_grad]
+            if not trainable:
+                continue
+            named = [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(trainable)]
+            layout = plan_group(
+                [(n, tuple(p.shape), p.numel()) for n, p in named], self.world, bucket_numel
+            )
+            self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
+            self.group_options.append({k: v for k, v in g.items() if k != "params"})
+        self.reducer = ShardedReducer(self.groups, accum_dtype, reduce_every_micro_step=stage >= 2)
+        self.sync_enabled = True
+
+    # -- optimizer wiring --
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        return [
+            {**opts, "params": [grp.master]} for grp, opts in zip(self.groups, self.group_options)
+        ]
+
+    def repoint(self, optimizer: torch.optim.Optimizer) -> None:
+        """A client optimizer built on the model params: one flat master per group instead."""
+        if len(optimizer.param_groups) != len(self.groups):
+            raise ValueError(
+                "with ZeRO, each optimizer param group must hold trainable params: "
+                f"{len(optimizer.param_groups)} groups but {len(self.groups)} with trainable params"
+            )
+        for og, grp in zip(optimizer.param_groups, self.groups):
+            og["params"] = [grp.master]
+
+    # -- backward --
+    def begin_backward(self, boundary: bool) -> None:
+        if not self.sync_enabled and self.stage >= 2:
+            raise RuntimeError(
+                "no_sync() cannot be used with ZeRO stage 2: gradients are reduce-scattered "
+                "every micro-step so that no rank keeps a full copy; use stage 0 or 1"
+            )
+        self.reducer.begin(boundary and self.sync_enabled)
+
+    def end_backward(self) -> None:
+        self.reducer.finish()
+
+    # -- the step --
+    def grad_norm(self) -> float:
+        sq = torch.zeros((), dtype=torch.float64)
+        for grp in self.groups:
+            sq += grp.grad.double().pow(2).sum().cpu()
+        all_reduce_sum_(sq)
+        return math.sqrt(float(sq))
+
+    def scale_grads_(self, factor: float) -> None:
+        if factor != 1.0:
+            for grp in self.groups:
+                grp.grad.mul_(factor)
+
+    def before_step(self) -> None:
+        for grp in self.groups:
+            grp.master.grad = grp.grad
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Each rank's updated chunk into the model's flat buffer, then every chunk to all."""
+        works = []
+        for grp in self.groups:
+            grp.master.grad = None
+            for b in range(len(grp.layout.buckets)):
+                own = grp.master_chunk(b).to(grp.flat.device, dtype=grp.flat.dtype)
+                works.append(all_gather_bucket(grp.bucket_view(b), own))
+        for w in works:
+            w.wait()
+
+    def zero_grads(self) -> None:
+        self.reducer.zero()
+
+    def remove_hooks(self) -> None:
+        self.reducer.remove_hooks()
+
+    # -- checkpoint pieces --
+    def layouts(self) -> list[dict[str, Any]]:
+        return [grp.layout.to_dict() for grp in self.groups]
+
+    def master_partitions(self) -> list[torch.Tensor]:
+        return [grp.master.detach() for grp in self.groups]
+
+    @torch.no_grad()
+    def load_master_partitions(self, saved: list[torch.Tensor]) -> None:
+        for grp, t in zip(self.groups, saved):
+            grp.master.copy_(t)
+        self.after_step()  # the model's weights follow the masters
+
+    @torch.no_grad()
+    def sync_masters_from_model(self) -> None:
+        for grp in self.groups:
+            for b in range(len(grp.layout.buckets)):
+                grp.master_chunk(b).copy_(grp.own_chunk(b))
+
+    def check_layouts(self, saved: list[dict[str, Any]]) -> None:
+        now = [GroupLayout.from_dict(d) for d in self.layouts()]
+        then = [GroupLayout.from_dict(d) for d in saved]
+        if [g.world_size for g in then] and then[0].world_size != self.world:
+            raise NotImplementedError(
+                f"this checkpoint was written by {then[0].world_size} ranks and is being loaded by "
+                f"{self.world}: resuming at another world size is not supported yet; convert it "
+                "with zero_to_fp32 and load the module weights with load_module_only=True"
+            )
+        if [d.slots for d in now] != [d.slots for d in then]:
+            raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")

@@ -1,0 +1,70 @@
+"""A model and a training run shared by the ZeRO tests (importable by spawned ranks)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from tests.unit.runtime.models import batch
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Linear(16, 40)
+        self.body = nn.Sequential(nn.GELU(), nn.Linear(40, 40), nn.GELU())
+        self.head = nn.Linear(40, 4)
+        self.unused = nn.Linear(3, 3)  # never in forward: its grad stays zero
+        self.embed.bias.requires_grad_(False)  # frozen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.body(self.embed(x)))
+
+
+def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None = None) -> dict:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    rank = int(os.environ["RANK"])
+    model = Net()
+    groups = [
+        {"params": [p for n, p in model.named_parameters() if n.startswith("head")], "lr": 2e-2},
+        {
+            "params": [p for n, p in model.named_parameters() if not n.startswith("head")],
+            "weight_decay": 0.1,
+        },
+    ]
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": 0.05,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.0}},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
+        "steps_per_print": 1000,
+        **(extra or {}),
+    }
+    engine, opt, _, _ = initialize(model=model, model_parameters=groups, config=cfg)
+    losses = []
+    for micro in range(steps * gas):
+        x, y = batch(micro, rank, size=4)
+        out = engine(x.to(next(engine.module.parameters()).dtype))
+        loss = nn.functional.mse_loss(out.float(), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
+    state_bytes = sum(
+        t.numel() * t.element_size()
+        for s in opt.state.values()
+        for t in s.values()
+        if torch.is_tensor(t)
+    )
+    return {
+        "params": params,
+        "losses": losses,
+        "state_bytes": state_bytes,
+        "grad_norm": engine.get_global_grad_norm(),
+    }
