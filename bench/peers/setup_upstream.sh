@@ -130,7 +130,7 @@ print(f"[setup_upstream] ok: deepspeed {deepspeed.__version__} from {os.path.dir
       f"torch {torch.__version__}", file=sys.stderr)
 PYEOF
 
-# 4. JIT-build upstream's cpu_adam op once (it builds on first use; ~85 s on
+# 4. JIT-build upstream's cpu_adam op (and the engine's CPU ops) once (it builds on first use; ~85 s on
 #    2 cores), so benchmark runs do not pay for it. Quick when already built.
 if [ "${DS_UPSTREAM_SKIP_PREBUILD:-0}" != 1 ]; then
     log "ensuring upstream cpu_adam op is built in $TORCH_EXTENSIONS_DIR (first time ~1.5 min)"
@@ -144,6 +144,18 @@ opt = DeepSpeedCPUAdam([p], lr=1e-3, adamw_mode=True)
 opt.step()
 assert torch.all(p < 0), p
 print(f"[setup_upstream] cpu_adam ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+PYEOF
+    # The engine on CPU (bench/ddp_step.py) also JIT-builds the CPU FusedAdam (the config
+    # optimizer Adam/AdamW without offload) and the shared-memory comm op its comm backend
+    # loads at init: ~3 min the first time, quick once built.
+    log "ensuring upstream fused_adam and deepspeed_shm_comm ops are built (first time ~3 min)"
+    "$PY" -P - <<'PYEOF'
+import sys, time, torch
+t0 = time.perf_counter()
+from deepspeed.accelerator import get_accelerator
+for name in ("FusedAdamBuilder", "ShareMemCommBuilder"):
+    get_accelerator().create_op_builder(name).load()
+print(f"[setup_upstream] fused_adam, shm_comm ready ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
 PYEOF
 fi
 

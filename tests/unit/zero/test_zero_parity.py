@@ -24,7 +24,7 @@ def _assert_same(results: list[dict], ref: dict, atol: float, rtol: float) -> No
             assert torch.equal(p, results[0]["params"][n]), f"ranks diverged on {n}"
     for n, p in results[0]["params"].items():
         torch.testing.assert_close(
-            p, ref["params"][n], atol=atol, rtol=rtol, msg=lambda m: f"{n}: {m}"
+            p, ref["params"][n], atol=atol, rtol=rtol, msg=lambda m, n=n: f"{n}: {m}"
         )
 
 
