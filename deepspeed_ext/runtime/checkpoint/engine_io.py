@@ -103,7 +103,13 @@ def save_checkpoint(
             "optimizer": engine.optimizer.state_dict()
             if engine.optimizer is not None and not stage
             else None,
-            "master_weights": None if stage else engine.strategy.master_copies(),
+            "master_weights": _named(engine, engine.strategy.master_copies())
+            if not stage
+            else None,
+            "buffer_names": [n for n, _ in engine.module.named_buffers()],
+            "frozen_param_names": [
+                n for n, p in engine.module.named_parameters() if not p.requires_grad
+            ],
             "zero_stage": stage,
             "zero_layouts": engine.strategy.layouts() if stage else None,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
@@ -158,7 +164,9 @@ def load_checkpoint(
         elif load_optimizer_states and state.get("optimizer") is not None and engine.optimizer:
             engine.optimizer.load_state_dict(state["optimizer"])
             if state.get("master_weights") is not None:
-                engine.strategy.load_master_copies(state["master_weights"])
+                saved = state["master_weights"]
+                names = [n for n, _ in engine.module.named_parameters()]
+                engine.strategy.load_master_copies([saved[n] for n in names])
         if load_lr_scheduler_states and engine.lr_scheduler and state.get("lr_scheduler"):
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if engine.loss_scaler is not None and state.get("loss_scaler"):
@@ -195,3 +203,10 @@ def _load_zero_partition(engine: Any, ckpt_dir: Path, saved_stage: int) -> None:
     engine.strategy.check_layouts(part["zero_layouts"])
     engine.optimizer.load_state_dict(part["optimizer_state_dict"])
     engine.strategy.load_master_partitions(part["fp32_partitions"])
+
+
+def _named(engine: Any, copies: list[torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
+    """Stage-0 fp32 masters keyed by parameter name (aligned with module.parameters())."""
+    if copies is None:
+        return None
+    return dict(zip([n for n, _ in engine.module.named_parameters()], copies))

@@ -1,0 +1,16 @@
+from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import (
+    convert_zero_checkpoint_to_fp32_state_dict,
+    get_fp32_state_dict_from_zero_checkpoint,
+    load_state_dict_from_zero_checkpoint,
+    main,
+)
+
+__all__ = [
+    "convert_zero_checkpoint_to_fp32_state_dict",
+    "get_fp32_state_dict_from_zero_checkpoint",
+    "load_state_dict_from_zero_checkpoint",
+    "main",
+]
+
+if __name__ == "__main__":
+    raise SystemExit(main())

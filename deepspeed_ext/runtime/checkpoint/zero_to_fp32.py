@@ -1,0 +1,233 @@
+"""Consolidate a (ZeRO) checkpoint into one fp32 state dict, without a GPU.
+
+    zero_to_fp32 <checkpoint_dir> <output_dir_or_file> [--tag T] [--safe_serialization]
+                 [--max_shard_size 5GB] [--exclude_frozen_parameters]
+
+[Note: streaming consolidation]
+Partition files are opened memory-mapped, and parameters are assembled one bucket at a time
+from every rank's chunk of it (see [Note: shard layout]); finished tensors go into the current
+output shard, which is written and dropped once it reaches max_shard_size. Memory stays near
+one output shard plus one bucket, however large the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepspeed_ext.zero.layout import GroupLayout
+
+from . import atomic, layout
+from .safe_load import CheckpointError
+
+
+def _ckpt_dir(checkpoint_dir: str | Path, tag: str | None) -> Path:
+    root = Path(checkpoint_dir)
+    if tag is None:
+        tag = atomic.read_latest(root)
+        if tag is None:
+            if (root / layout.model_states_name()).exists():
+                return root  # given the tag directory itself
+            raise CheckpointError(f"no 'latest' file in {root}; pass --tag")
+    d = root / str(tag)
+    if not (d / layout.model_states_name()).exists():
+        raise CheckpointError(f"{d} has no {layout.model_states_name()}: not a checkpoint")
+    return d
+
+
+def _load_mmap(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"missing partition file {path}") from None
+
+
+class _Progress:
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+
+    def step(self) -> None:
+        self.done += 1
+        if self.enabled:
+            width = 30
+            filled = width * self.done // max(1, self.total)
+            print(
+                f"\r[zero_to_fp32] [{'#' * filled}{'.' * (width - filled)}] "
+                f"{self.done}/{self.total} buckets",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+            if self.done == self.total:
+                print(file=sys.stderr)
+
+
+def iter_fp32_params(
+    checkpoint_dir: str | Path,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    progress: bool | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, fp32 tensor) for every parameter and buffer, streamed bucket by bucket."""
+    d = _ckpt_dir(checkpoint_dir, tag)
+    states = _load_mmap(d / layout.model_states_name())
+    module: dict[str, torch.Tensor] = states["module"]
+    layouts = [GroupLayout.from_dict(x) for x in (states.get("zero_layouts") or [])]
+    trainable = {s.name for g in layouts for s in g.slots}
+    if layouts:
+        world = layouts[0].world_size
+        parts = [
+            _load_mmap(d / layout.zero_optim_states_name(r))["fp32_partitions"]
+            for r in range(world)
+        ]
+        total = sum(len(g.buckets) for g in layouts)
+        bar = _Progress(total, progress if progress is not None else total > 50)
+        for gi, g in enumerate(layouts):
+            by_bucket: dict[int, list[Any]] = {}
+            for s in g.slots:
+                by_bucket.setdefault(s.bucket, []).append(s)
+            for b, bk in enumerate(g.buckets):
+                c = bk.chunk(world)
+                off = g.partition_offset(b)
+                full = torch.cat([parts[r][gi][off : off + c] for r in range(world)])
+                for s in by_bucket.get(b, []):
+                    yield s.name, full[s.offset : s.offset + s.numel].view(s.shape).clone()
+                bar.step()
+    masters: dict[str, torch.Tensor] = states.get("master_weights") or {}  # stage 0, 16-bit
+    frozen = set(states.get("frozen_param_names") or [])
+    for name, t in module.items():
+        if name in trainable or (exclude_frozen_parameters and name in frozen):
+            continue
+        t = masters.get(name, t)
+        yield name, t.float().clone() if t.is_floating_point() else t.clone()
+
+
+def get_fp32_state_dict_from_zero_checkpoint(
+    checkpoint_dir: str | Path, tag: str | None = None, exclude_frozen_parameters: bool = False
+) -> dict[str, torch.Tensor]:
+    return dict(iter_fp32_params(checkpoint_dir, tag, exclude_frozen_parameters))
+
+
+def _parse_size(s: str | int) -> int:
+    if isinstance(s, int):
+        return s
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)B?\s*", s.upper())
+    if not m:
+        raise ValueError(f"max_shard_size {s!r}: expected e.g. '5GB', '500MB' or a byte count")
+    return int(float(m.group(1)) * 1024 ** "BKMGT".index(m.group(2) or "B"))
+
+
+def convert_zero_checkpoint_to_fp32_state_dict(
+    checkpoint_dir: str | Path,
+    output: str | Path,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    safe_serialization: bool = False,
+    max_shard_size: str | int = "5GB",
+) -> list[Path]:
+    """Write the consolidated fp32 weights; returns the files written. `output` is a file
+    (.bin/.pt/.safetensors) or a directory (pytorch_model.bin or model.safetensors, sharded
+    with an index json as Hugging Face does when larger than max_shard_size)."""
+    out = Path(output)
+    if out.suffix in (".bin", ".pt", ".pth", ".safetensors"):
+        safe_serialization = safe_serialization or out.suffix == ".safetensors"
+        out_dir, base = out.parent, out.name
+    else:
+        out_dir, base = out, "model.safetensors" if safe_serialization else "pytorch_model.bin"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if safe_serialization:
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise ImportError(
+                "safe_serialization needs the safetensors package: pip install safetensors"
+            ) from None
+    limit = _parse_size(max_shard_size)
+    files: list[Path] = []
+    weight_map: dict[str, str] = {}
+    current: dict[str, torch.Tensor] = {}
+    size = 0
+
+    def flush() -> None:
+        nonlocal current, size
+        if not current:
+            return
+        idx = len(files) + 1
+        name = base if idx == 1 else re.sub(r"(\.[a-z]+)$", f"-{idx:05d}\\1", base)
+        path = out_dir / name
+        if safe_serialization:
+            save_file(
+                {k: v.contiguous() for k, v in current.items()},
+                str(path),
+                metadata={"format": "pt"},
+            )
+        else:
+            torch.save(current, path)
+        files.append(path)
+        for k in current:
+            weight_map[k] = name
+        current, size = {}, 0
+
+    for name, t in iter_fp32_params(checkpoint_dir, tag, exclude_frozen_parameters):
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > limit:
+            flush()
+        current[name] = t
+        size += nbytes
+    flush()
+    if len(files) > 1:
+        index = out_dir / (base + ".index.json")
+        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
+        files.append(index)
+    return files
+
+
+def load_state_dict_from_zero_checkpoint(
+    model: torch.nn.Module, checkpoint_dir: str | Path, tag: str | None = None
+) -> torch.nn.Module:
+    """Load the consolidated fp32 weights into `model` (moved to CPU) and return it."""
+    sd = get_fp32_state_dict_from_zero_checkpoint(checkpoint_dir, tag)
+    model = model.cpu()
+    model.load_state_dict(sd, strict=False)
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="zero_to_fp32",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("checkpoint_dir", help="the save_dir given to save_checkpoint (holds 'latest')")
+    ap.add_argument("output", help="output directory, or a .bin/.pt/.safetensors file")
+    ap.add_argument("-t", "--tag", default=None, help="checkpoint tag (default: 'latest')")
+    ap.add_argument("--safe_serialization", action="store_true", help="write safetensors")
+    ap.add_argument("--max_shard_size", default="5GB")
+    ap.add_argument("--exclude_frozen_parameters", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        files = convert_zero_checkpoint_to_fp32_state_dict(
+            args.checkpoint_dir,
+            args.output,
+            args.tag,
+            args.exclude_frozen_parameters,
+            args.safe_serialization,
+            args.max_shard_size,
+        )
+    except (CheckpointError, ValueError, ImportError) as exc:
+        print(f"zero_to_fp32: {exc}", file=sys.stderr)
+        return 1
+    for f in files:
+        print(f"wrote {f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
