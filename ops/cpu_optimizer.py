@@ -83,7 +83,7 @@ class CPUOptimizer(torch.optim.Optimizer):
                     data = data.contiguous()
                     write_back.append((p.data, data))
                 grad = p.grad
-                if grad.dtype not in (p.dtype, torch.float32):
+                if grad.dtype not in _FLOAT_DTYPES:
                     grad = grad.float()
                 lists = buckets.setdefault(
                     state["step"], {"params": [], "grads": [], **{k: [] for k in self.STATE_KEYS}}

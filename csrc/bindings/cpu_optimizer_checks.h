@@ -70,9 +70,6 @@ inline std::vector<OptTensor> check_lists(const char* op, at::TensorList params,
     OptTensor t{p.data_ptr(), grads[i].const_data_ptr(), s1[i].data_ptr(), nullptr, numel,
                 to_dtype(p, op, "params", i), to_dtype(grads[i], op, "grads", i),
                 to_dtype(s1[i], op, s1_name, i)};
-    TORCH_CHECK(t.gt == t.pt || t.gt == ds::DType::kFloat32, op, ": grads[", i, "] is ",
-                ds::dtype_name(t.gt), " but params[", i, "] is ", ds::dtype_name(t.pt),
-                "; grads must match the params or be float32");
     TORCH_CHECK(t.st == t.pt || t.st == ds::DType::kFloat32, op, ": ", s1_name, "[", i,
                 "] is ", ds::dtype_name(t.st), "; optimizer states must be float32 or match "
                 "the params (", ds::dtype_name(t.pt), ")");

@@ -43,29 +43,22 @@ void dispatch_dtype(DType t, F&& f) {
   }
 }
 
-// Optimizer dispatch: params P (any), grads G in {P, float}, states S in {float, P}.
-// Returns false for any other combination (the binding reports it).
+// Optimizer dispatch: params P (any), grads G (any: e.g. bf16 grads of fp32 masters),
+// states S in {float, P}. Returns false for any other combination (the binding reports it).
 template <class F>
 bool dispatch_param_grad_state(DType p, DType g, DType s, F&& f) {
   bool ok = false;
   dispatch_dtype(p, [&](auto pt) {
     using P = typename decltype(pt)::type;
-    const bool g_ok = g == p || g == DType::kFloat32;
-    const bool s_ok = s == p || s == DType::kFloat32;
-    if (!g_ok || !s_ok) return;
+    if (s != p && s != DType::kFloat32) return;
     ok = true;
-    auto with_s = [&](auto gt) {
+    dispatch_dtype(g, [&](auto gt) {
       if (s == DType::kFloat32) {
         f(pt, gt, Tag<float>{});
       } else {
         f(pt, gt, Tag<P>{});
       }
-    };
-    if (g == DType::kFloat32) {
-      with_s(Tag<float>{});
-    } else {
-      with_s(Tag<P>{});
-    }
+    });
   });
   return ok;
 }

@@ -28,7 +28,7 @@ from .grad_clip import clip_factor
 from .lr_schedules import get_lr_scheduler
 from .optimizers import build_optimizer
 from .precision import make_loss_scaler
-from .zero_checks import check_zero_optimizer, optimizer_device
+from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
 # DDP's default bucket: big enough to amortize a collective, small enough to overlap backward.
 DEFAULT_BUCKET_BYTES = 25 * 2**20
@@ -78,6 +78,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.optimizer = self._make_optimizer(optimizer, model_groups)
         if self.zero_optimization_stage():
             check_zero_optimizer(self.optimizer, config, client=optimizer is not None)
+            self.strategy.mixed_grads_ok = isinstance(self.optimizer, CPU_OPTIMIZERS)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             self.deepspeed_io(training_data, collate_fn=collate_fn)
@@ -155,11 +156,11 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def _optimizer_groups(self, model_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.zero_optimization_stage():
-            return self.strategy.optimizer_param_groups()  # type: ignore[no-any-return]
+            return self.strategy.optimizer_param_groups()
         trainable = [
             dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in model_groups
         ]
-        return self.strategy.optimizer_param_groups([g for g in trainable if g["params"]])  # type: ignore[no-any-return]
+        return self.strategy.optimizer_param_groups([g for g in trainable if g["params"]])
 
     def _make_optimizer(self, client: Any, model_groups: list[dict[str, Any]]) -> Any:
         """A client optimizer object (re-pointed at the fp32 masters or partitions), a callable

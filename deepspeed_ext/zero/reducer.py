@@ -1,13 +1,14 @@
 """Gradients into partitions: per-bucket buffers, reduce-scattered to their owners.
 
 [Note: ZeRO gradient reduction]
-A post-accumulate-grad hook adds each param's fresh .grad into its bucket buffer (fp32, or the
-configured accumulation dtype) and frees .grad. Stage 1 keeps full bucket buffers and
-reduce-scatters them once, at the accumulation boundary. Stage 2 reduce-scatters every
-micro-step as each bucket completes, adds the result into the partition's grad, and frees the
-bucket buffer: at most `max_in_flight` buckets exist at once, so no rank ever holds a full
-gradient. Buckets are reduced strictly in layout order on every rank (a different order
-across ranks would mismatch the collectives).
+A post-accumulate-grad hook adds each param's fresh .grad into its bucket buffer (in the
+accumulation dtype) and frees .grad. Stage 1 keeps the full bucket buffers (the ZeRO-1 2Psi of
+gradients) and reduce-scatters them once per accumulation window; the result lands in this
+rank's own chunk of the same buffer, which is then the optimizer's gradient: no second copy.
+Stage 2 reduce-scatters every micro-step as each bucket completes, adds the result into a
+chunk-sized gradient per bucket, and frees the bucket buffer: at most `max_in_flight` buckets
+exist at once, so no rank ever holds a full gradient. Buckets are reduced strictly in layout
+order on every rank (a different order across ranks would mismatch the collectives).
 """
 
 from __future__ import annotations
@@ -47,9 +48,19 @@ class ShardedReducer:
                 self.members[self.index[(g, b)]] += 1
                 self.where[id(p)] = (g, b)
         self.buffers: dict[int, torch.Tensor] = {}
-        if not self.every_micro:  # stage 1: full accumulation buffers, kept
+        for g, grp in enumerate(groups):
+            grp.grads = []
+            for b, m in enumerate(grp.masters):
+                if not self.every_micro and m.device == grp.flat.device:
+                    i = self.index[(g, b)]
+                    self.buffers[i] = self._new_buffer(i)
+                    grp.grads.append(self._own(self.buffers[i], grp))
+                else:  # stage 2, or offloaded: a chunk-sized gradient where the master lives
+                    grp.grads.append(torch.zeros(m.numel(), dtype=accum_dtype, device=m.device))
+        if not self.every_micro:  # stage 1 with offload: full buffers too
             for i in range(len(self.order)):
-                self.buffers[i] = self._new_buffer(i)
+                if i not in self.buffers:
+                    self.buffers[i] = self._new_buffer(i)
         self.reduce_now = False
         self._pending: list[int] = []
         self._next = len(self.order)
@@ -64,6 +75,11 @@ class ShardedReducer:
         return torch.zeros(
             grp.layout.buckets[b].numel, dtype=self.accum_dtype, device=grp.flat.device
         )
+
+    @staticmethod
+    def _own(buf: torch.Tensor, grp: ShardedGroup) -> torch.Tensor:
+        c = buf.numel() // grp.world
+        return buf[grp.rank * c : (grp.rank + 1) * c]
 
     def _view(self, buf: torch.Tensor, grp: ShardedGroup, p: torch.Tensor) -> torch.Tensor:
         s = grp.slot_of[id(p)]
@@ -93,7 +109,7 @@ class ShardedReducer:
             self._next += 1
 
     def _launch(self, i: int) -> None:
-        g, b = self.order[i]
+        g, _ = self.order[i]
         grp = self.groups[g]
         buf = self.buffers.get(i)
         if buf is None:  # no param of this bucket got a gradient in this backward
@@ -111,9 +127,13 @@ class ShardedReducer:
         work.wait()
         g, b = self.order[i]
         grp = self.groups[g]
-        grp.grad_chunk(b).add_(out.to(grp.grad.device, non_blocking=True), alpha=1.0 / grp.world)
-        if not self.every_micro:
-            buf.zero_()  # stage 1: reuse the accumulation buffer next window
+        out.div_(grp.world)  # the average over ranks, as DDP
+        if self.every_micro:
+            grp.grads[b].add_(out.to(grp.grads[b].device, non_blocking=True))
+        else:
+            # stage 1: the window's sum is final; the rest of the buffer is now stale and is
+            # cleared by zero() after the step
+            grp.grads[b].copy_(out.to(grp.grads[b].device, non_blocking=True))
 
     def finish(self) -> None:
         if not self.reduce_now:
@@ -127,7 +147,11 @@ class ShardedReducer:
 
     def zero(self) -> None:
         for grp in self.groups:
-            grp.grad.zero_()
+            for g in grp.grads:
+                g.zero_()
+        if not self.every_micro:
+            for buf in self.buffers.values():
+                buf.zero_()
 
     def remove_hooks(self) -> None:
         for h in self._handles:

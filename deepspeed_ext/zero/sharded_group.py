@@ -1,10 +1,11 @@
 """One optimizer param group, sharded: flat model params (full, as views), and this rank's
-fp32 master and gradient partitions (see [Note: shard layout]).
+fp32 masters and reduced gradients, one per bucket chunk (see [Note: shard layout]).
 
-Tensors (world W, rank r, group total T = sum of padded buckets, partition P = T / W):
-  flat    [T]  model dtype, on the model's device; every param is a view into it
-  master  [P]  fp32 on the optimizer device (CPU with offload); the optimizer's one param
-  grad    [P]  fp32 on the optimizer device; reduced gradients, summed over micro-steps
+Tensors (world W, rank r, group total T = sum of padded buckets, bucket b of B_b elements):
+  flat        [T]       model dtype, on the model's device; every param is a view into it
+  masters[b]  [B_b/W]   fp32 on the optimizer device (CPU with offload): the optimizer's params
+  grads[b]    [B_b/W]   accumulation dtype; the reducer decides where they live (stage 1: its
+                        own chunk of the full bucket buffer, so no second copy exists)
 """
 
 from __future__ import annotations
@@ -41,16 +42,20 @@ class ShardedGroup:
                 view = self.param_view(p)
                 view.copy_(p.data)
                 p.data = view  # the module now reads its weights from the flat buffer
-        self.master = torch.nn.Parameter(
-            torch.empty(layout.partition_numel, dtype=torch.float32, device=optimizer_device),
-            requires_grad=False,
-        )
-        self.grad = torch.zeros(
-            layout.partition_numel, dtype=torch.float32, device=optimizer_device
-        )
+        self.masters = [
+            torch.nn.Parameter(
+                torch.empty(bk.chunk(self.world), dtype=torch.float32, device=optimizer_device),
+                requires_grad=False,
+            )
+            for bk in layout.buckets
+        ]
+        for m in self.masters:
+            if hasattr(m, "grad_dtype"):  # torch >= 2.10: allow grads in the accumulation dtype
+                m.grad_dtype = None
+        self.grads: list[torch.Tensor] = []  # set by the reducer
         with torch.no_grad():
             for b in range(len(layout.buckets)):
-                self.master_chunk(b).copy_(self.own_chunk(b))
+                self.masters[b].copy_(self.own_chunk(b))
 
     # -- views ---------------------------------------------------------------------------------
     def bucket_view(self, b: int) -> torch.Tensor:
@@ -67,12 +72,13 @@ class ShardedGroup:
         start = self.layout.buckets[s.bucket].offset + s.offset
         return self.flat[start : start + s.numel].view(s.shape)
 
-    def _partition_slice(self, t: torch.Tensor, b: int) -> torch.Tensor:
-        off = self.layout.partition_offset(b)
-        return t[off : off + self.layout.buckets[b].chunk(self.world)]
+    def master_partition(self) -> torch.Tensor:
+        """This rank's masters of every bucket, concatenated (the checkpointed partition)."""
+        return torch.cat([m.detach() for m in self.masters])
 
-    def master_chunk(self, b: int) -> torch.Tensor:
-        return self._partition_slice(self.master.data, b)
-
-    def grad_chunk(self, b: int) -> torch.Tensor:
-        return self._partition_slice(self.grad, b)
+    @torch.no_grad()
+    def load_master_partition(self, flat: torch.Tensor) -> None:
+        off = 0
+        for m in self.masters:
+            m.copy_(flat[off : off + m.numel()])
+            off += m.numel()

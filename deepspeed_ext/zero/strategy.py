@@ -47,11 +47,15 @@ class ZeroStrategy:
             self.group_options.append({k: v for k, v in g.items() if k != "params"})
         self.reducer = ShardedReducer(self.groups, accum_dtype, reduce_every_micro_step=stage >= 2)
         self.sync_enabled = True
+        # Our CPU optimizers take 16-bit grads for fp32 masters as they are; others get fp32.
+        self.mixed_grads_ok = False
 
     # -- optimizer wiring --
-    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+    def optimizer_param_groups(self, model_groups: Any = None) -> list[dict[str, Any]]:
+        """Built from the groups given at construction: one fp32 master per bucket chunk."""
         return [
-            {**opts, "params": [grp.master]} for grp, opts in zip(self.groups, self.group_options)
+            {**opts, "params": list(grp.masters)}
+            for grp, opts in zip(self.groups, self.group_options)
         ]
 
     def repoint(self, optimizer: torch.optim.Optimizer) -> None:
@@ -62,7 +66,7 @@ class ZeroStrategy:
                 f"{len(optimizer.param_groups)} groups but {len(self.groups)} with trainable params"
             )
         for og, grp in zip(optimizer.param_groups, self.groups):
-            og["params"] = [grp.master]
+            og["params"] = list(grp.masters)
 
     # -- backward --
     def begin_backward(self, boundary: bool) -> None:
@@ -80,27 +84,30 @@ class ZeroStrategy:
     def grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64)
         for grp in self.groups:
-            sq += grp.grad.double().pow(2).sum().cpu()
+            for g in grp.grads:
+                sq += g.double().pow(2).sum().cpu()
         all_reduce_sum_(sq)
         return math.sqrt(float(sq))
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:
             for grp in self.groups:
-                grp.grad.mul_(factor)
+                for g in grp.grads:
+                    g.mul_(factor)
 
     def before_step(self) -> None:
         for grp in self.groups:
-            grp.master.grad = grp.grad
+            for m, g in zip(grp.masters, grp.grads):
+                m.grad = g if g.dtype == m.dtype or self.mixed_grads_ok else g.float()
 
     @torch.no_grad()
     def after_step(self) -> None:
-        """Each rank's updated chunk into the model's flat buffer, then every chunk to all."""
+        """Each rank's updated chunks into the model's flat buffer, then every chunk to all."""
         works = []
         for grp in self.groups:
-            grp.master.grad = None
-            for b in range(len(grp.layout.buckets)):
-                own = grp.master_chunk(b).to(grp.flat.device, dtype=grp.flat.dtype)
+            for b, m in enumerate(grp.masters):
+                m.grad = None
+                own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype)
                 works.append(all_gather_bucket(grp.bucket_view(b), own))
         for w in works:
             w.wait()
@@ -116,19 +123,19 @@ class ZeroStrategy:
         return [grp.layout.to_dict() for grp in self.groups]
 
     def master_partitions(self) -> list[torch.Tensor]:
-        return [grp.master.detach() for grp in self.groups]
+        return [grp.master_partition() for grp in self.groups]
 
     @torch.no_grad()
     def load_master_partitions(self, saved: list[torch.Tensor]) -> None:
         for grp, t in zip(self.groups, saved):
-            grp.master.copy_(t)
+            grp.load_master_partition(t)
         self.after_step()  # the model's weights follow the masters
 
     @torch.no_grad()
     def sync_masters_from_model(self) -> None:
         for grp in self.groups:
-            for b in range(len(grp.layout.buckets)):
-                grp.master_chunk(b).copy_(grp.own_chunk(b))
+            for b, m in enumerate(grp.masters):
+                m.copy_(grp.own_chunk(b))
 
     def check_layouts(self, saved: list[dict[str, Any]]) -> None:
         now = [GroupLayout.from_dict(d) for d in self.layouts()]

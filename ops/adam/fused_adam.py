@@ -88,7 +88,13 @@ class FusedAdam(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(state["exp_avg"])
                 lists = by_device.setdefault(p.device, {"p": [], "g": [], "m": [], "v": []})
                 lists["p"].append(p.data)
-                g = p.grad if p.grad.dtype in (p.dtype, torch.float32) else p.grad.float()
+                # the CPU kernel takes any float grad dtype; the CUDA one its param's or fp32
+                ok = (
+                    (p.dtype, torch.float32)
+                    if p.is_cuda
+                    else (torch.float32, torch.bfloat16, torch.float16)
+                )
+                g = p.grad if p.grad.dtype in ok else p.grad.float()
                 lists["g"].append(g.contiguous())
                 lists["m"].append(state["exp_avg"])
                 lists["v"].append(state["exp_avg_sq"])

@@ -144,3 +144,13 @@ def test_device_param_is_refused_with_a_fix():
     p.grad = torch.zeros(3, device="meta")
     with pytest.raises(ValueError, match="offload_optimizer"):
         DeepSpeedCPUAdam([p]).step()
+
+
+def test_bf16_grads_with_fp32_params():
+    # ZeRO's fp32 masters receive gradients accumulated in bf16 when grad_accum_dtype is bf16
+    parity(
+        lambda ps: DeepSpeedCPUAdam(ps, lr=1e-3, weight_decay=0.01),
+        lambda ps: torch.optim.AdamW(ps, lr=1e-3, weight_decay=0.01, foreach=False),
+        torch.float32,
+        grad_dtype=torch.bfloat16,
+    )

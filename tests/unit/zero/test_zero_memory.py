@@ -1,0 +1,81 @@
+"""Per-rank model-state memory, measured from the live tensors, within 10% of the ZeRO paper's
+formulas (../shared/BENCHMARKS.md): Psi params, K = 12 (fp32 master, m, v), N ranks, 16-bit
+model and gradients (bf16 model, grad_accum_dtype bf16):
+  stage 0: (2 + 2 + K) Psi    stage 1: 2Psi + 2Psi + K Psi / N    stage 2: 2Psi + (2 + K) Psi / N
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers.distributed import run_ranks
+
+
+def _bytes(tensors) -> int:
+    """Bytes of the distinct storages behind the tensors (views counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        st = t.untyped_storage()
+        if st.data_ptr() not in seen:
+            seen.add(st.data_ptr())
+            total += st.nbytes()
+    return total
+
+
+def _measure(stage: int) -> dict:
+    import os
+
+    from deepspeed_ext.runtime.initialize import initialize
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(6)])  # ~395K params
+    psi = sum(p.numel() for p in model.parameters())
+    engine, opt, _, _ = initialize(
+        model=model,
+        config={
+            "train_micro_batch_size_per_gpu": 2,
+            "bf16": {"enabled": True},
+            "data_types": {"grad_accum_dtype": "bf16"},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": 50_000},
+        },
+    )
+    rank = int(os.environ["RANK"])
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(2, 256, generator=g).bfloat16()
+    engine.backward(engine(x).float().pow(2).mean())
+    engine.step()
+    s = engine.strategy
+    if stage == 0:
+        params = list(engine.module.parameters())
+        grads = s.grads.flat()
+        masters = s.masters.masters
+    else:
+        params = [grp.flat for grp in s.groups]
+        grads = [*s.reducer.buffers.values(), *[t for grp in s.groups for t in grp.grads]]
+        masters = [m for grp in s.groups for m in grp.masters]
+    states = [
+        t for st in opt.state.values() for t in st.values() if torch.is_tensor(t) and t.numel() > 1
+    ]
+    return {
+        "psi": psi,
+        "params": _bytes(params),
+        "grads": _bytes(grads),
+        "optim": _bytes(masters) + _bytes(states),
+    }
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("stage", [1, 2])
+def test_model_state_bytes_follow_the_zero_formulas(stage, world):
+    for r in run_ranks(_measure, world, stage):
+        psi, n, k = r["psi"], world, 12
+        want = {
+            "params": 2 * psi,
+            "grads": 2 * psi if stage == 1 else 2 * psi / n,
+            "optim": k * psi / n,
+        }
+        for part, expected in want.items():
+            assert abs(r[part] - expected) <= 0.10 * expected, (part, r[part], expected)
+        total = sum(r[p] for p in want)
+        assert abs(total - sum(want.values())) <= 0.10 * sum(want.values())
