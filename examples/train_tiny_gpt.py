@@ -47,6 +47,7 @@ def ds_config(args: argparse.Namespace) -> dict:
             },
         },
         "bf16": {"enabled": args.bf16},
+        "zero_optimization": {"stage": args.zero_stage},
     }
 
 
@@ -74,6 +75,7 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2))
     ap.add_argument("--print-every", type=int, default=25)
     ap.add_argument("--out", default="examples/out")
     ap.add_argument("--seed", type=int, default=0)

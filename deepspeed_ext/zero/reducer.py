@@ -56,7 +56,11 @@ class ShardedReducer:
                     self.buffers[i] = self._new_buffer(i)
                     grp.grads.append(self._own(self.buffers[i], grp))
                 else:  # stage 2, or offloaded: a chunk-sized gradient where the master lives
-                    grp.grads.append(torch.zeros(m.numel(), dtype=accum_dtype, device=m.device))
+                    # pinned when offloaded from a GPU, so the copy to the host is asynchronous
+                    pin = m.device.type == "cpu" and grp.flat.device.type != "cpu"
+                    grp.grads.append(
+                        torch.zeros(m.numel(), dtype=accum_dtype, device=m.device, pin_memory=pin)
+                    )
         if not self.every_micro:  # stage 1 with offload: full buffers too
             for i in range(len(self.order)):
                 if i not in self.buffers:

@@ -107,7 +107,7 @@ class ZeroStrategy:
         for grp in self.groups:
             for b, m in enumerate(grp.masters):
                 m.grad = None
-                own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype)
+                own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype, non_blocking=True)
                 works.append(all_gather_bucket(grp.bucket_view(b), own))
         for w in works:
             w.wait()

@@ -127,6 +127,8 @@ def save_checkpoint(
         }
         torch.save(state, tmp / layout.model_states_name())
         atomic.commit(save_dir, tag)
+        if stage:
+            _write_zero_to_fp32_script(save_dir)
         if save_latest:
             atomic.write_latest(save_dir, tag)
         logger.info(f"saved checkpoint {save_dir / tag}")
@@ -210,3 +212,17 @@ def _named(engine: Any, copies: list[torch.Tensor] | None) -> dict[str, torch.Te
     if copies is None:
         return None
     return dict(zip([n for n, _ in engine.module.named_parameters()], copies))
+
+
+def _write_zero_to_fp32_script(save_dir: Path) -> None:
+    """As upstream: a script beside the checkpoints that consolidates them with no setup."""
+    script = save_dir / "zero_to_fp32.py"
+    if not script.exists():
+        script.write_text(
+            "#!/usr/bin/env python\n"
+            "# Consolidate the ZeRO checkpoints in this directory into fp32 weights:\n"
+            "#   python zero_to_fp32.py . output_dir [--safe_serialization]\n"
+            "import sys\n\n"
+            "from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import main\n\n"
+            "sys.exit(main())\n"
+        )
