@@ -10,38 +10,23 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda_optimizer_checks.h"
 #include "fused_adam/fused_adam.h"
 
 namespace {
 
 constexpr const char* kOp = "multi_tensor_adam";
 
-ds::DType to_dtype(at::ScalarType t) {
-  if (t == at::kHalf) return ds::DType::kFloat16;
-  if (t == at::kBFloat16) return ds::DType::kBFloat16;
-  return ds::DType::kFloat32;  // callers pass only checked dtypes
-}
+using ds_bind_cuda::to_dtype;
 
 void check_tensor(const at::Tensor& t, const char* name, size_t i, const at::Tensor& p0,
                   const at::Tensor& p) {
-  TORCH_CHECK(t.defined(), kOp, ": ", name, "[", i, "] is undefined");
-  TORCH_CHECK(t.is_cuda(), kOp, ": ", name, "[", i, "] must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.device() == p0.device(), kOp, ": ", name, "[", i, "] is on ", t.device(),
-              " but params[0] is on ", p0.device(), "; all tensors must share one device");
-  TORCH_CHECK(t.is_contiguous(), kOp, ": ", name, "[", i, "] must be contiguous");
-  TORCH_CHECK(t.numel() == p.numel(), kOp, ": ", name, "[", i, "] has ", t.numel(),
-              " elements but params[", i, "] has ", p.numel());
+  ds_bind_cuda::check_tensor(kOp, t, name, i, p0, p);
 }
 
 void check_hyper(double lr, double beta1, double beta2, double eps, int64_t step,
                  double weight_decay) {
-  TORCH_CHECK(std::isfinite(lr) && lr >= 0, kOp, ": lr must be finite and >= 0, got ", lr);
-  TORCH_CHECK(beta1 >= 0 && beta1 < 1, kOp, ": beta1 must be in [0, 1), got ", beta1);
-  TORCH_CHECK(beta2 >= 0 && beta2 < 1, kOp, ": beta2 must be in [0, 1), got ", beta2);
-  TORCH_CHECK(std::isfinite(eps) && eps >= 0, kOp, ": eps must be finite and >= 0, got ", eps);
-  TORCH_CHECK(step >= 1, kOp, ": step must be >= 1, got ", step);
-  TORCH_CHECK(std::isfinite(weight_decay) && weight_decay >= 0, kOp,
-              ": weight_decay must be finite and >= 0, got ", weight_decay);
+  ds_bind_cuda::check_adam_hyper(kOp, lr, beta1, beta2, eps, step, weight_decay);
 }
 
 void multi_tensor_adam(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,

@@ -12,41 +12,25 @@
 #include <cstdint>
 #include <vector>
 
+#include "cuda_optimizer_checks.h"
 #include "fused_lamb/fused_lamb.h"
 
 namespace {
 
 constexpr const char* kOp = "multi_tensor_lamb";
 
-ds::DType to_dtype(at::ScalarType t) {
-  if (t == at::kHalf) return ds::DType::kFloat16;
-  if (t == at::kBFloat16) return ds::DType::kBFloat16;
-  return ds::DType::kFloat32;  // callers pass only checked dtypes
-}
+using ds_bind_cuda::finite_nonneg;
+using ds_bind_cuda::to_dtype;
 
 void check_tensor(const at::Tensor& t, const char* name, size_t i, const at::Tensor& p0,
                   const at::Tensor& p) {
-  TORCH_CHECK(t.defined(), kOp, ": ", name, "[", i, "] is undefined");
-  TORCH_CHECK(t.is_cuda(), kOp, ": ", name, "[", i, "] must be a CUDA tensor, got ", t.device());
-  TORCH_CHECK(t.device() == p0.device(), kOp, ": ", name, "[", i, "] is on ", t.device(),
-              " but params[0] is on ", p0.device(), "; all tensors must share one device");
-  TORCH_CHECK(t.is_contiguous(), kOp, ": ", name, "[", i, "] must be contiguous");
-  TORCH_CHECK(t.numel() == p.numel(), kOp, ": ", name, "[", i, "] has ", t.numel(),
-              " elements but params[", i, "] has ", p.numel());
+  ds_bind_cuda::check_tensor(kOp, t, name, i, p0, p);
 }
-
-bool finite_nonneg(double x) { return std::isfinite(x) && x >= 0; }
 
 void check_hyper(const ds::FusedLambParams& hp, double lr, double beta1, double beta2,
                  double eps, double weight_decay, double grad_scale, double max_coeff,
                  double min_coeff) {
-  TORCH_CHECK(finite_nonneg(lr), kOp, ": lr must be finite and >= 0, got ", lr);
-  TORCH_CHECK(beta1 >= 0 && beta1 < 1, kOp, ": beta1 must be in [0, 1), got ", beta1);
-  TORCH_CHECK(beta2 >= 0 && beta2 < 1, kOp, ": beta2 must be in [0, 1), got ", beta2);
-  TORCH_CHECK(finite_nonneg(eps), kOp, ": eps must be finite and >= 0, got ", eps);
-  TORCH_CHECK(hp.step >= 1, kOp, ": step must be >= 1, got ", hp.step);
-  TORCH_CHECK(finite_nonneg(weight_decay), kOp, ": weight_decay must be finite and >= 0, got ",
-              weight_decay);
+  ds_bind_cuda::check_adam_hyper(kOp, lr, beta1, beta2, eps, hp.step, weight_decay);
   TORCH_CHECK(std::isfinite(grad_scale) && grad_scale > 0, kOp,
               ": grad_scale must be finite and > 0, got ", grad_scale);
   TORCH_CHECK(finite_nonneg(min_coeff), kOp, ": min_coeff must be finite and >= 0, got ",
