@@ -193,7 +193,12 @@ def reap(tag: str, grace_s: float = 5.0) -> list[int]:
 
 
 class Contender:
-    """One (implementation, case): how to start its 2-rank job, and its results."""
+    """One (implementation, case): how to start its 2-rank job, and its results. Subclasses
+    (bench/zero_step.py) swap the worker, its result tag and which impls torchrun starts."""
+
+    worker = WORKER
+    result_tag = RESULT_TAG
+    torchrun_impls: tuple[str, ...] = ("ddp",)
 
     def __init__(self, impl: str, case: str, args: argparse.Namespace, run_id: str) -> None:
         self.impl, self.case, self.args = impl, case, args
@@ -214,7 +219,7 @@ class Contender:
     def worker_args(self) -> list[str]:
         a = self.args
         out = [
-            str(WORKER),
+            str(self.worker),
             *("--impl", self.impl, "--dtype", self.case),
             *("--steps", str(a.steps), "--warmup", str(a.warmup)),
             *("--micro-batch", str(a.micro_batch), "--run-id", self.run_id),
@@ -238,7 +243,7 @@ class Contender:
             )
             argv = [*runner, "--num_gpus", n, "--master_port", str(port), *self.worker_args()]
             return argv, env, None
-        if self.impl == "ddp":
+        if self.impl in self.torchrun_impls:
             argv = [sys.executable, "-m", "torch.distributed.run", *rdzv, *self.worker_args()]
             return argv, env, None
         env.pop("PYTHONPATH", None)
@@ -252,18 +257,18 @@ class Contender:
         if self.skipped:
             return
         job, out, err = self._job()
-        if job["rc"] != 0 or RESULT_TAG not in out:
+        if job["rc"] != 0 or self.result_tag not in out:
             first = {**job, "stderr_tail": err.strip()[-1500:]}
             print(f"  {self.name}: job failed (rc {job['rc']}), retrying once", file=sys.stderr)
             job, out, err = self._job()
             job["failed_attempt"] = first
         self.jobs.append(job)
-        lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_TAG)]
+        lines = [ln for ln in out.splitlines() if ln.startswith(self.result_tag)]
         if job["rc"] != 0 or not lines:
             self.skipped = f"job failed (rc {job['rc']}): {err.strip()[-1500:]}"
             print(f"  {self.name}: {self.skipped}", file=sys.stderr)
             return
-        self.results.append(json.loads(lines[-1][len(RESULT_TAG) :]))
+        self.results.append(json.loads(lines[-1][len(self.result_tag) :]))
 
     def _job(self) -> tuple[dict[str, Any], str, str]:
         port = free_port()

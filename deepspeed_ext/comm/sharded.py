@@ -15,9 +15,11 @@ class _Done:
 
 
 def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = None) -> Any:
-    """out (bucket.numel() / world) <- this rank's chunk of the sum of every rank's bucket."""
+    """out (bucket.numel() / world) <- this rank's chunk of the sum of every rank's bucket.
+    out may be this rank's own chunk of `bucket` (in place)."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
-        out.copy_(bucket)
+        if out.data_ptr() != bucket.data_ptr():
+            out.copy_(bucket)
         return _Done()
     return dist.reduce_scatter_tensor(out, bucket, group=group, async_op=True)
 

@@ -6,13 +6,14 @@ import math
 
 import torch
 
+from deepspeed_ext.zero.norms import sum_of_squares
+
 
 def global_norm(flat: list[torch.Tensor]) -> float:
     """L2 norm over all buffers (inf or nan when any element is)."""
     if not flat:
         return 0.0
-    sq = torch.stack([b.float().pow(2).sum() for b in flat]).sum()
-    return float(sq.sqrt())
+    return math.sqrt(sum_of_squares(flat))
 
 
 def clip_factor(inv_scale: float, norm: float, max_norm: float) -> float:

@@ -118,7 +118,9 @@ class ShardedReducer:
         buf = self.buffers.get(i)
         if buf is None:  # no param of this bucket got a gradient in this backward
             buf = self._new_buffer(i)
-        out = torch.empty(buf.numel() // grp.world, dtype=buf.dtype, device=buf.device)
+        # In place: the result lands in this rank's own chunk of the bucket buffer, so no
+        # per-step output buffers are allocated (glibc keeps such churn resident).
+        out = self._own(buf, grp)
         work = reduce_scatter_bucket(out, buf)
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
@@ -134,10 +136,9 @@ class ShardedReducer:
         out.div_(grp.world)  # the average over ranks, as DDP
         if self.every_micro:
             grp.grads[b].add_(out.to(grp.grads[b].device, non_blocking=True))
-        else:
-            # stage 1: the window's sum is final; the rest of the buffer is now stale and is
-            # cleared by zero() after the step
+        elif grp.grads[b].data_ptr() != out.data_ptr():  # stage 1 offloaded: to the host
             grp.grads[b].copy_(out.to(grp.grads[b].device, non_blocking=True))
+        # stage 1: the rest of the bucket buffer is stale now; zero() clears it after the step
 
     def finish(self) -> None:
         if not self.reduce_now:

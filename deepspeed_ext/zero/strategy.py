@@ -15,6 +15,7 @@ import torch
 from deepspeed_ext.comm import all_gather_bucket, all_reduce_sum_, get_rank, get_world_size
 
 from .layout import GroupLayout, plan_group
+from .norms import sum_of_squares
 from .reducer import ShardedReducer
 from .sharded_group import ShardedGroup
 
@@ -82,10 +83,9 @@ class ZeroStrategy:
 
     # -- the step --
     def grad_norm(self) -> float:
-        sq = torch.zeros((), dtype=torch.float64)
-        for grp in self.groups:
-            for g in grp.grads:
-                sq += g.double().pow(2).sum().cpu()
+        sq = torch.tensor(
+            sum_of_squares([g for grp in self.groups for g in grp.grads]), dtype=torch.float64
+        )
         all_reduce_sum_(sq)
         return math.sqrt(float(sq))
 
@@ -103,12 +103,14 @@ class ZeroStrategy:
     @torch.no_grad()
     def after_step(self) -> None:
         """Each rank's updated chunks into the model's flat buffer, then every chunk to all."""
-        works = []
+        works: list[Any] = []
         for grp in self.groups:
             for b, m in enumerate(grp.masters):
                 m.grad = None
                 own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype, non_blocking=True)
                 works.append(all_gather_bucket(grp.bucket_view(b), own))
+                if len(works) > 2:  # bound the backend's transient gather buffers
+                    works.pop(0).wait()
         for w in works:
             w.wait()
 

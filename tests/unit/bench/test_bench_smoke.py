@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("cpu_adam.py", ["--smoke", "--no-upstream"], "cpu_adam_smoke.json"),
         ("fused_adam.py", ["--smoke"], None),  # prints "skipped" without a GPU
         ("ddp_step.py", ["--smoke", "--no-upstream"], "ddp_step_smoke.json"),  # ~25 s
+        ("zero_step.py", ["--smoke", "--no-upstream"], "zero_step_smoke.json"),  # ~35 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -36,6 +37,18 @@ def test_bench_smoke(script, args, result, tmp_path):
                 assert entry["median_steps_per_s"] > 0, entry
                 assert entry["threads_per_rank"] == 1, entry
             assert data["ratios"][case]["ddp"]["ours_over_peer"] > 0, data["ratios"]
+        assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
+    elif result == "zero_step_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        names = [f"ours stage {s}" for s in (0, 1, 2)] + ["ours stage 2 + offload"]
+        for name in [*names, "torch ZeRO-R (stage 1)"]:  # five 2-rank jobs; upstream skipped
+            entry = data["contenders"][name]
+            assert entry["median_steps_per_s"] > 0, entry
+            assert entry["threads_per_rank"] == 1, entry
+            assert len(entry["peak_rss_job_bytes"]) == 2, entry  # one per rank
+            assert min(entry["peak_rss_steady_bytes"]) > 0, entry
+        ratio = data["ratios"]["stage 1 vs zero_redundancy"]["ours_over_peer_steps_per_s"]
+        assert ratio > 0, data["ratios"]
         assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
     elif result:
         data = json.loads((tmp_path / result).read_text())
