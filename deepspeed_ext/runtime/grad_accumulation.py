@@ -31,14 +31,12 @@ class GradAccumulator:
         self.buckets = GradBuckets(self.params, bucket_numel, accum_dtype, group=group)
         self.reduce_now = False  # set by the engine before a boundary micro-step's backward
         self.sync_enabled = True  # False inside engine.no_sync()
-        self.received: set[int] = set()  # params that got a gradient since the last zero()
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
 
     def _hook(self, p: torch.Tensor) -> None:
         assert p.grad is not None
         self.buckets.grad_view(p).add_(p.grad)
         p.grad = None
-        self.received.add(id(p))
         if self.reduce_now:
             self.buckets.mark_ready(p)
 
@@ -62,7 +60,6 @@ class GradAccumulator:
 
     def zero(self) -> None:
         self.buckets.zero()
-        self.received.clear()
 
     def remove_hooks(self) -> None:
         for h in self._handles:
