@@ -139,14 +139,17 @@ class ZeroStrategy:
             for b, m in enumerate(grp.masters):
                 m.copy_(grp.own_chunk(b))
 
+    def group_layouts(self) -> list[GroupLayout]:
+        return [grp.layout for grp in self.groups]
+
+    def check_names(self, saved: list[GroupLayout]) -> None:
+        now = [[(s.name, s.shape) for s in g.layout.slots] for g in self.groups]
+        then = [[(s.name, s.shape) for s in g.slots] for g in saved]
+        if sorted(map(sorted, now)) != sorted(map(sorted, then)):
+            raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")
+
     def check_layouts(self, saved: list[dict[str, Any]]) -> None:
         now = [GroupLayout.from_dict(d) for d in self.layouts()]
         then = [GroupLayout.from_dict(d) for d in saved]
-        if [g.world_size for g in then] and then[0].world_size != self.world:
-            raise NotImplementedError(
-                f"this checkpoint was written by {then[0].world_size} ranks and is being loaded by "
-                f"{self.world}: resuming at another world size is not supported yet; convert it "
-                "with zero_to_fp32 and load the module weights with load_module_only=True"
-            )
         if [d.slots for d in now] != [d.slots for d in then]:
             raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")

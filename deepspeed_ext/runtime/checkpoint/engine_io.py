@@ -201,6 +201,11 @@ def _load_zero_partition(engine: Any, ckpt_dir: Path, saved_stage: int) -> None:
             f"{ckpt_dir} was written without ZeRO (stage 0); load it with "
             "load_optimizer_states=False, or train with the stage it was saved with"
         )
+    first = safe_load.load(ckpt_dir / layout.zero_optim_states_name(0))
+    saved_world = int(first["partition_count"])
+    if saved_world != comm.get_world_size():
+        _load_zero_resharded(engine, ckpt_dir, saved_world, first)
+        return
     part = safe_load.load(ckpt_dir / layout.zero_optim_states_name(comm.get_rank()))
     engine.strategy.check_layouts(part["zero_layouts"])
     engine.optimizer.load_state_dict(part["optimizer_state_dict"])
@@ -226,3 +231,56 @@ def _write_zero_to_fp32_script(save_dir: Path) -> None:
             "from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import main\n\n"
             "sys.exit(main())\n"
         )
+
+
+def _load_zero_resharded(engine: Any, ckpt_dir: Path, saved_world: int, first: Any) -> None:
+    """Partitions written by `saved_world` ranks, re-cut for this world (zero/reshard.py).
+    Every rank reads every saved partition: memory is one full copy of a state at a time."""
+    from deepspeed_ext.zero.layout import GroupLayout
+    from deepspeed_ext.zero.reshard import chunks_for, full_by_name, split_partition
+
+    parts = [first] + [
+        safe_load.load(ckpt_dir / layout.zero_optim_states_name(r)) for r in range(1, saved_world)
+    ]
+    old_layouts = [GroupLayout.from_dict(d) for d in first["zero_layouts"]]
+    new_layouts = engine.strategy.group_layouts()
+    engine.strategy.check_names(old_layouts)
+    rank = comm.get_rank()
+    masters = []
+    for g, (old, new) in enumerate(zip(old_layouts, new_layouts)):
+        per_rank = [split_partition(old, p["fp32_partitions"][g]) for p in parts]
+        masters.append(torch.cat(chunks_for(new, rank, full_by_name(old, per_rank))))
+    saved = [p["optimizer_state_dict"] for p in parts]
+    current = engine.optimizer.state_dict()
+    state: dict[int, dict[str, Any]] = {}
+    for g, (old, new) in enumerate(zip(old_layouts, new_layouts)):
+        old_ids = [sd["param_groups"][g]["params"] for sd in saved]
+        new_ids = current["param_groups"][g]["params"]
+        template = saved[0]["state"].get(old_ids[0][0], {})
+        for key, value in template.items():
+            chunked = (
+                torch.is_tensor(value)
+                and key != "step"
+                and value.dim() == 1
+                and value.numel() == old.buckets[0].chunk(old.world_size)
+            )
+            if chunked:
+                per_rank = [
+                    [sd["state"][ids[b]][key] for b in range(len(old.buckets))]
+                    for sd, ids in zip(saved, old_ids)
+                ]
+                new_chunks = chunks_for(new, rank, full_by_name(old, per_rank))
+                for pid, chunk in zip(new_ids, new_chunks):
+                    state.setdefault(pid, {})[key] = chunk
+            else:  # per-step scalars (e.g. the step count) are the same for every chunk
+                for pid in new_ids:
+                    state.setdefault(pid, {})[key] = value
+    groups = [
+        {**{k: v for k, v in spg.items() if k != "params"}, "params": cpg["params"]}
+        for spg, cpg in zip(saved[0]["param_groups"], current["param_groups"])
+    ]
+    engine.optimizer.load_state_dict({"state": state, "param_groups": groups})
+    engine.strategy.load_master_partitions(masters)
+    logger.info(
+        f"resharded ZeRO checkpoint {ckpt_dir} from {saved_world} to {comm.get_world_size()} ranks"
+    )
