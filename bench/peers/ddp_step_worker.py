@@ -112,6 +112,19 @@ def ds_config(args: argparse.Namespace) -> dict:
     }
 
 
+def token_batches(args: argparse.Namespace, rank: int) -> list[tuple[Any, Any]]:
+    """Random token batches, a fixed seed per (rank, step), made before the clock starts
+    (shared with zero_step_worker.py)."""
+    import torch
+
+    batches = []
+    for s in range(args.warmup + args.steps):
+        gen = torch.Generator().manual_seed((args.seed * 1000 + rank) * 1_000_003 + s)
+        tok = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=gen)
+        batches.append((tok[:, :-1].contiguous(), tok[:, 1:].contiguous()))
+    return batches
+
+
 def main() -> int:
     args = _parse()
 
@@ -201,12 +214,7 @@ def main() -> int:
     init_s = time.perf_counter() - t_init
     rank, world = dist.get_rank(), dist.get_world_size()
 
-    # Random token batches, a fixed seed per (rank, step), made before the clock starts.
-    batches = []
-    for s in range(args.warmup + args.steps):
-        gen = torch.Generator().manual_seed((args.seed * 1000 + rank) * 1_000_003 + s)
-        tok = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=gen)
-        batches.append((tok[:, :-1].contiguous(), tok[:, 1:].contiguous()))
+    batches = token_batches(args, rank)
 
     for x, y in batches[: args.warmup]:
         step(x, y)

@@ -192,11 +192,7 @@ def main() -> int:
 
     init_s = time.perf_counter() - t_init
     rank, world = dist.get_rank(), dist.get_world_size()
-    batches = []
-    for s in range(args.warmup + args.steps):
-        gen = torch.Generator().manual_seed((args.seed * 1000 + rank) * 1_000_003 + s)
-        tok = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=gen)
-        batches.append((tok[:, :-1].contiguous(), tok[:, 1:].contiguous()))
+    batches = ddw.token_batches(args, rank)
 
     for x, y in batches[: args.warmup]:
         step(x, y)

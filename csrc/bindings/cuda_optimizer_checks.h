@@ -29,6 +29,22 @@ inline void check_tensor(const char* op, const at::Tensor& t, const char* name, 
               " elements but params[", i, "] has ", p.numel());
 }
 
+// params/grads/exp_avgs/exp_avg_sqs[i]: defined, CUDA on params[0]'s device, contiguous,
+// equal sizes; params float32/float16/bfloat16. Grad dtypes are each op's own rule.
+inline void check_optimizer_tensors(const char* op, at::TensorList params, at::TensorList grads,
+                                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                                    size_t i) {
+  const at::Tensor& p0 = params[0];
+  const at::Tensor& p = params[i];
+  check_tensor(op, p, "params", i, p0, p);
+  check_tensor(op, grads[i], "grads", i, p0, p);
+  check_tensor(op, exp_avgs[i], "exp_avgs", i, p0, p);
+  check_tensor(op, exp_avg_sqs[i], "exp_avg_sqs", i, p0, p);
+  const auto pt = p.scalar_type();
+  TORCH_CHECK(pt == at::kFloat || pt == at::kHalf || pt == at::kBFloat16, op, ": params[", i,
+              "] must be float32, float16 or bfloat16, got ", pt);
+}
+
 inline bool finite_nonneg(double x) { return std::isfinite(x) && x >= 0; }
 
 // The hyperparameters Adam and LAMB share.

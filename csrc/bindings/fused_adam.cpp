@@ -19,11 +19,6 @@ constexpr const char* kOp = "multi_tensor_adam";
 
 using ds_bind_cuda::to_dtype;
 
-void check_tensor(const at::Tensor& t, const char* name, size_t i, const at::Tensor& p0,
-                  const at::Tensor& p) {
-  ds_bind_cuda::check_tensor(kOp, t, name, i, p0, p);
-}
-
 void check_hyper(double lr, double beta1, double beta2, double eps, int64_t step,
                  double weight_decay) {
   ds_bind_cuda::check_adam_hyper(kOp, lr, beta1, beta2, eps, step, weight_decay);
@@ -46,13 +41,8 @@ void multi_tensor_adam(at::TensorList params, at::TensorList grads, at::TensorLi
   const at::Tensor& p0 = params[0];
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = params[i];
-    check_tensor(p, "params", i, p0, p);
-    check_tensor(grads[i], "grads", i, p0, p);
-    check_tensor(exp_avgs[i], "exp_avgs", i, p0, p);
-    check_tensor(exp_avg_sqs[i], "exp_avg_sqs", i, p0, p);
+    ds_bind_cuda::check_optimizer_tensors(kOp, params, grads, exp_avgs, exp_avg_sqs, i);
     const auto pt = p.scalar_type();
-    TORCH_CHECK(pt == at::kFloat || pt == at::kHalf || pt == at::kBFloat16, kOp, ": params[", i,
-                "] must be float32, float16 or bfloat16, got ", pt);
     TORCH_CHECK(grads[i].scalar_type() == pt || grads[i].scalar_type() == at::kFloat, kOp,
                 ": grads[", i, "] must be float32 or match params[", i, "] (", pt, "), got ",
                 grads[i].scalar_type());

@@ -22,11 +22,6 @@ constexpr const char* kOp = "multi_tensor_lamb";
 using ds_bind_cuda::finite_nonneg;
 using ds_bind_cuda::to_dtype;
 
-void check_tensor(const at::Tensor& t, const char* name, size_t i, const at::Tensor& p0,
-                  const at::Tensor& p) {
-  ds_bind_cuda::check_tensor(kOp, t, name, i, p0, p);
-}
-
 void check_hyper(const ds::FusedLambParams& hp, double lr, double beta1, double beta2,
                  double eps, double weight_decay, double grad_scale, double max_coeff,
                  double min_coeff) {
@@ -72,13 +67,8 @@ at::Tensor multi_tensor_lamb(at::TensorList params, at::TensorList grads, at::Te
   std::vector<int64_t> numel(n);
   for (size_t i = 0; i < n; ++i) {
     const at::Tensor& p = params[i];
-    check_tensor(p, "params", i, p0, p);
-    check_tensor(grads[i], "grads", i, p0, p);
-    check_tensor(exp_avgs[i], "exp_avgs", i, p0, p);
-    check_tensor(exp_avg_sqs[i], "exp_avg_sqs", i, p0, p);
+    ds_bind_cuda::check_optimizer_tensors(kOp, params, grads, exp_avgs, exp_avg_sqs, i);
     const auto pt = p.scalar_type();
-    TORCH_CHECK(pt == at::kFloat || pt == at::kHalf || pt == at::kBFloat16, kOp, ": params[", i,
-                "] must be float32, float16 or bfloat16, got ", pt);
     const auto gt = grads[i].scalar_type();
     TORCH_CHECK(gt == pt || gt == at::kFloat ||
                     (pt == at::kFloat && (gt == at::kHalf || gt == at::kBFloat16)),
