@@ -104,12 +104,6 @@ class DeepSpeedEngine(torch.nn.Module):
     # -- construction helpers -----------------------------------------------------------------
     @staticmethod
     def _refuse_unavailable(config: Any) -> None:
-        stage = config.zero_optimization.stage
-        if stage >= 3:
-            raise NotImplementedError(
-                f"zero_optimization.stage={stage}: ZeRO stage 3 is not in this version yet; "
-                "use stage 2 (optimizer states and gradients partitioned) for now"
-            )
         for name in config.unimplemented_sections():
             logger.warning(f"config section '{name}' is enabled but not used by deepspeed_ext yet")
 
@@ -130,7 +124,8 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.world_size > 1:
             with torch.no_grad():
                 for t in [*self.module.parameters(), *self.module.buffers()]:
-                    comm.broadcast(t.data, src=0)
+                    if not hasattr(t, "ds_id"):  # zero.Init broadcast those at construction
+                        comm.broadcast(t.data, src=0)
 
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
         """The model's param groups: a client optimizer's, model_parameters (params or groups),
@@ -148,6 +143,17 @@ class DeepSpeedEngine(torch.nn.Module):
         stage = self.zero_optimization_stage()
         if stage == 0:
             return DataParallelStrategy(self.module, accum, bucket)
+        if stage == 3:
+            from deepspeed_ext.zero.stage3 import Stage3Options, Stage3Strategy
+
+            return Stage3Strategy(
+                self.module,
+                groups,
+                accum,
+                self.device,
+                optimizer_device(self.config, self.device),
+                Stage3Options(self.config.zero_optimization, bucket),
+            )
         from deepspeed_ext.zero import ZeroStrategy
 
         return ZeroStrategy(

@@ -54,8 +54,11 @@ def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None
         loss = nn.functional.mse_loss(out.float(), y)
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
-    params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
+        losses.append(float(loss.detach()))
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    with GatheredParameters(list(engine.module.parameters())):  # a no-op below stage 3
+        params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
     state_bytes = sum(
         t.numel() * t.element_size()
         for s in opt.state.values()
@@ -68,3 +71,38 @@ def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None
         "state_bytes": state_bytes,
         "grad_norm": engine.get_global_grad_norm(),
     }
+
+
+def train_gpt(stage: int, steps: int = 3) -> dict:
+    """The example GPT (tied embeddings, nested blocks) under a ZeRO stage."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+    from examples.gpt import GPT, GPTConfig
+
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, seq_len=16, n_layer=2, n_head=2, d_model=32))
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {
+            "stage": stage,
+            "reduce_bucket_size": 2000,
+            "stage3_param_persistence_threshold": 0,
+        },
+        "steps_per_print": 1000,
+    }
+    engine, _, _, _ = initialize(model=model, config=cfg)
+    g = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    for _ in range(steps * 2):
+        idx = torch.randint(0, 32, (2, 17), generator=g)
+        loss = engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    with GatheredParameters(list(engine.module.parameters())):
+        params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
+    return {"params": params, "losses": losses}

@@ -1,0 +1,124 @@
+"""All-gathering partitioned parameters and releasing them (see [Note: stage-3 parameter]).
+
+A gather of several parameters is one collective per dtype: every rank sends its shards
+concatenated, and each parameter is copied out of the [W, S_total] result (one copy). A
+parameter of at least LONE_NUMEL elements gets a collective of its own instead, whose result
+is the parameter itself (no copy): big tensors amortize the call, small ones share it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import all_gather_bucket, get_rank, get_world_size
+
+from .param import ZeroParamStatus, is_zero_param, release, set_full
+
+LONE_NUMEL = 1 << 20
+
+
+def shard_of(p: Any) -> torch.Tensor:
+    """The shard to send: swapped in first when it lives on NVMe."""
+    swap = getattr(p, "ds_swap", None)
+    return swap.fetch(p) if swap is not None else p.ds_tensor
+
+
+class GatherHandle:
+    """Pending all-gathers; wait() completes them and makes the parameters AVAILABLE."""
+
+    def __init__(self) -> None:
+        self.jobs: list[tuple[Any, torch.Tensor, list[Any]]] = []
+        self.done = False
+
+    def wait(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        world = get_world_size()
+        for work, recv, params in self.jobs:
+            work.wait()
+            if len(params) == 1:
+                p = params[0]
+                set_full(p, recv[: p.ds_numel])
+                p.ds_handle = None
+                continue
+            total = recv.numel() // world
+            rows = recv.view(world, total)
+            off = 0
+            for p in params:
+                s = p.ds_tensor.numel()
+                full = torch.empty(p.ds_numel, dtype=recv.dtype, device=recv.device)
+                copy_rows(full, rows[:, off : off + s])
+                set_full(p, full)
+                p.ds_handle = None
+                off += s
+        self.jobs.clear()
+
+
+def copy_rows(flat: torch.Tensor, rows: torch.Tensor) -> None:
+    """flat (N elements) <- rows ([W, S] view, row r = shard r) up to N: two copies at most."""
+    n, s = flat.numel(), rows.shape[1]
+    k = n // s
+    if k:
+        flat[: k * s].view(k, s).copy_(rows[:k])
+    if n - k * s:
+        flat[k * s :].copy_(rows[k, : n - k * s])
+
+
+def fill_rows(rows: torch.Tensor, flat: torch.Tensor) -> None:
+    """rows ([W, S] view) <- flat (N elements) cut into shards; the padding is left alone."""
+    n, s = flat.numel(), rows.shape[1]
+    k = n // s
+    if k:
+        rows[:k].copy_(flat[: k * s].view(k, s))
+    if n - k * s:
+        rows[k, : n - k * s].copy_(flat[k * s :])
+
+
+def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
+    """Gather every partitioned parameter in `params` that is not AVAILABLE. Parameters
+    already in flight are waited for, not gathered twice."""
+    handle = GatherHandle()
+    todo: dict[torch.dtype, list[Any]] = {}
+    pending: list[GatherHandle] = []
+    for p in params:
+        if not is_zero_param(p):
+            continue
+        if p.ds_status is ZeroParamStatus.INFLIGHT:
+            pending.append(p.ds_handle)
+        elif p.ds_status is ZeroParamStatus.NOT_AVAILABLE:
+            todo.setdefault(p.dtype, []).append(p)
+    world = get_world_size()
+    for group in todo.values():
+        lone = [p for p in group if p.ds_numel >= LONE_NUMEL]
+        shared = [p for p in group if p.ds_numel < LONE_NUMEL]
+        for batch in [[p] for p in lone] + ([shared] if shared else []):
+            device = batch[0].ds_device
+            send = torch.cat([shard_of(p).to(device, non_blocking=True) for p in batch])
+            recv = torch.empty(world * send.numel(), dtype=send.dtype, device=device)
+            handle.jobs.append((all_gather_bucket(recv, send), recv, batch))
+            for p in batch:
+                p.ds_status = ZeroParamStatus.INFLIGHT
+                p.ds_handle = handle
+    if wait:
+        for h in pending:
+            h.wait()
+        handle.wait()
+    return handle
+
+
+def release_params(params: Iterable[Any], force: bool = False) -> None:
+    """Release gathered parameters nobody is using; persistent ones stay unless forced."""
+    for p in params:
+        if not is_zero_param(p) or p.ds_active > 0 or (p.ds_persist and not force):
+            continue
+        if p.ds_status is ZeroParamStatus.INFLIGHT:
+            p.ds_handle.wait()
+        release(p)
+
+
+def rank_and_world() -> tuple[int, int]:
+    return get_rank(), get_world_size()

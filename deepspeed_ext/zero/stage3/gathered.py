@@ -1,0 +1,76 @@
+"""deepspeed.zero.GatheredParameters: full parameters inside a `with` block.
+
+With modifier_rank=r, what rank r changed in place is broadcast on exit, every rank keeps its
+new shard, and the optimizer's fp32 master of each changed trainable parameter follows (so
+a weight loaded inside the block is what training continues from).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import broadcast, get_rank, get_world_size
+
+from .gather import gather_params, release_params
+from .param import is_zero_param, own_slice
+
+
+def _as_list(params: Any) -> list[Any]:
+    if params is None:
+        return []
+    if isinstance(params, torch.Tensor):
+        return [params]
+    if isinstance(params, Iterable):
+        return [p for p in params if p is not None]
+    raise TypeError(f"GatheredParameters takes a parameter or an iterable of them, not {params!r}")
+
+
+class GatheredParameters:
+    def __init__(
+        self,
+        params: Any,
+        modifier_rank: int | None = None,
+        fwd_module: Any = None,
+        enabled: bool = True,
+    ) -> None:
+        self.params = [p for p in _as_list(params) if is_zero_param(p)] if enabled else []
+        # a parameter listed twice is gathered and counted once
+        self.params = list({id(p): p for p in self.params}.values())
+        self.modifier_rank = modifier_rank
+        self.fwd_module = fwd_module
+
+    def __enter__(self) -> GatheredParameters:
+        for p in self.params:
+            p.ds_active += 1
+        gather_params(self.params)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            if self.modifier_rank is not None and exc[0] is None:
+                self._scatter_changes()
+        finally:
+            for p in self.params:
+                p.ds_active -= 1
+            release_params(self.params)
+
+    @torch.no_grad()
+    def _scatter_changes(self) -> None:
+        rank, world = get_rank(), get_world_size()
+        for dtype in {p.dtype for p in self.params}:
+            same = [p for p in self.params if p.dtype == dtype]
+            flat = torch.cat([p.data.reshape(-1) for p in same])
+            if world > 1:
+                broadcast(flat, src=int(self.modifier_rank))  # type: ignore[arg-type]
+            off = 0
+            for p in same:
+                full = flat[off : off + p.ds_numel]
+                off += p.ds_numel
+                p.data.copy_(full.view(p.ds_shape))
+                p.ds_tensor.copy_(own_slice(full, rank, world))
+                sync = getattr(p, "ds_master_sync", None)
+                if sync is not None:
+                    sync()

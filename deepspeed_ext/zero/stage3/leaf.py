@@ -1,0 +1,44 @@
+"""Leaf modules: gathered as a whole, their children get no hooks of their own (upstream's
+`set_z3_leaf_modules`). For modules whose children run in a data-dependent order or not at
+all (mixture-of-experts routers), where per-child gathers would differ between ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def is_leaf_module(module: torch.nn.Module) -> bool:
+    return bool(getattr(module, "_z3_leaf", False))
+
+
+def set_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes: list[Any]) -> list[Any]:
+    """Mark every submodule of the given classes (classes or class names) as a leaf; returns
+    the marked modules. An empty match is an error naming the classes."""
+    return _mark(model, leaf_module_classes, True)
+
+
+def unset_z3_leaf_modules(model: torch.nn.Module, leaf_module_classes: list[Any]) -> list[Any]:
+    return _mark(model, leaf_module_classes, False)
+
+
+def z3_leaf_module(module: torch.nn.Module) -> bool:
+    return is_leaf_module(module)
+
+
+def get_z3_leaf_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in model.modules() if is_leaf_module(m)]
+
+
+def _mark(model: torch.nn.Module, classes: list[Any], flag: bool) -> list[Any]:
+    wanted = {c if isinstance(c, str) else c.__name__ for c in classes}
+    hits = [m for m in model.modules() if type(m).__name__ in wanted]
+    if not hits:
+        raise ValueError(
+            f"set_z3_leaf_modules: no submodule of {type(model).__name__} is of class "
+            f"{sorted(wanted)}; pass the classes (or class names) the model actually uses"
+        )
+    for m in hits:
+        m._z3_leaf = flag
+    return hits
