@@ -4,6 +4,7 @@ Layer 1: imports only the standard library at import time (torch lazily inside l
 """
 
 from .all_ops import ALL_OPS
+from .async_io import AsyncIOBuilder
 from .builder import Compat, CPUOpBuilder, CUDAOpBuilder, OpBuilder, cache_root
 from .cpu_adagrad import CPUAdagradBuilder
 from .cpu_adam import CPUAdamBuilder
@@ -12,6 +13,7 @@ from .errors import OpBuildError
 
 __all__ = [
     "ALL_OPS",
+    "AsyncIOBuilder",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
     "CPULionBuilder",

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from .async_io import AsyncIOBuilder
 from .builder import OpBuilder
 from .cpu_adagrad import CPUAdagradBuilder
 from .cpu_adam import CPUAdamBuilder
 from .cpu_lion import CPULionBuilder
 
 ALL_OPS: dict[str, type[OpBuilder]] = {
-    b.NAME: b for b in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder)
+    b.NAME: b for b in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder, AsyncIOBuilder)
 }
 
 

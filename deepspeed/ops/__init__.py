@@ -1,3 +1,3 @@
-from . import adagrad, adam, lamb, lion, op_builder
+from . import adagrad, adam, aio, lamb, lion, op_builder
 
-__all__ = ["adagrad", "adam", "lamb", "lion", "op_builder"]
+__all__ = ["adagrad", "adam", "aio", "lamb", "lion", "op_builder"]

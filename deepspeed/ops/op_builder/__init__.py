@@ -2,6 +2,7 @@
 
 from deepspeed_ext.op_builder import (
     ALL_OPS,
+    AsyncIOBuilder,
     Compat,
     CPUAdagradBuilder,
     CPUAdamBuilder,
@@ -16,6 +17,7 @@ from deepspeed_ext.op_builder.fused_lamb import FusedLambBuilder
 
 __all__ = [
     "ALL_OPS",
+    "AsyncIOBuilder",
     "CPUAdagradBuilder",
     "CPUAdamBuilder",
     "CPULionBuilder",

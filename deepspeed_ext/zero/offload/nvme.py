@@ -1,0 +1,227 @@
+"""The NVMe tier of ZeRO-Infinity: tensors swapped to files through the async_io op.
+
+[Note: NVMe swap files]
+Each swapper owns <nvme_path>/zero_stage_3/<tag>/rank<rank>/, one file per key, removed on
+close() and at interpreter exit. The bytes on disk are the tensor's raw bytes (any dtype);
+the swapper remembers numel and dtype per key, and swap_in checks them. Contiguous CPU
+tensors go to the op as they are (it bounces unaligned memory through page-aligned buffers
+itself); device or non-contiguous tensors are staged through a small pool of page-aligned
+buffers. An async op's tensors must stay untouched until wait(); an op on a key that is
+still in flight waits first, so a read never overtakes the write of the same key.
+Not thread-safe: one swapper per training thread.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from deepspeed_ext.ops.aio import AioHandle, aio_handle
+
+_AIO_KEYS = ("block_size", "queue_depth", "intra_op_parallelism", "single_submit", "overlap_events")
+_POOL_MAX = 4  # staging buffers kept for reuse after wait()
+
+
+def check_nvme_path(path: str, needed_bytes: int, key: str) -> None:
+    """At initialize: `path` is (made) a writable directory whose file system has at least
+    `needed_bytes` free. Raises a ValueError naming the config `key`, the path and the fix."""
+    fix = f"set {key} to a writable directory on a local NVMe drive with enough free space"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{key}={path!r} is not a directory; {fix}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{key}={path!r} cannot be created ({e.strerror}); {fix}") from None
+    try:  # a real file: os.access says yes to root on a read-only file system
+        fd, probe = tempfile.mkstemp(prefix=".ds_nvme_probe_", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{key}={path!r} is not writable ({e.strerror}); {fix}") from None
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    if free < needed_bytes:
+        raise ValueError(
+            f"{key}={path!r}: NVMe offload needs {needed_bytes / 1e9:.2f} GB but its file "
+            f"system has {free / 1e9:.2f} GB free; free up space there or {fix}"
+        )
+
+
+def _aio_kwargs(aio: Mapping[str, Any] | None) -> dict[str, Any]:
+    cfg = dict(aio or {})
+    if "thread_count" in cfg:  # upstream's old name
+        cfg.setdefault("intra_op_parallelism", cfg.pop("thread_count"))
+    if cfg.pop("use_gds", False):
+        raise ValueError("aio.use_gds=true: GPUDirect Storage is not implemented; set it false")
+    unknown = sorted(set(cfg) - set(_AIO_KEYS))
+    if unknown:
+        raise ValueError(f"aio: unknown keys {unknown}; expected some of {list(_AIO_KEYS)}")
+    return cfg
+
+
+@dataclass(frozen=True)
+class _Entry:
+    path: str
+    numel: int
+    dtype: torch.dtype
+    nbytes: int
+
+
+class _Files:
+    """What cleanup needs, without the swapper (so the exit-time finalizer keeps no cycle)."""
+
+    def __init__(self, root: str, handle: AioHandle) -> None:
+        self.root = root
+        self.handle = handle
+
+    def remove(self) -> None:
+        try:
+            if self.handle.pending_ops():
+                self.handle.wait()  # never delete files under running I/O
+        except RuntimeError:
+            pass  # reported by wait() if anyone still asks; the files go regardless
+        shutil.rmtree(self.root, ignore_errors=True)
+        tag_dir = os.path.dirname(self.root)
+        for d in (tag_dir, os.path.dirname(tag_dir)):  # other ranks' dirs may remain
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+
+
+class NVMeSwapper:
+    """Swaps CPU (or device) tensors to files and back; see [Note: NVMe swap files]."""
+
+    def __init__(
+        self, nvme_path: str, rank: int, tag: str, aio: Mapping[str, Any] | None = None
+    ) -> None:
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", tag) or tag in (".", ".."):
+            raise ValueError(f"NVMeSwapper: tag {tag!r} must be a plain file name")
+        self._dir = os.path.join(nvme_path, "zero_stage_3", tag, f"rank{int(rank)}")
+        try:
+            os.makedirs(self._dir, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"NVMeSwapper: cannot create {self._dir!r} ({e.strerror})") from None
+        for name in os.listdir(self._dir):  # left by a crashed run of the same tag and rank
+            if name.endswith(".swp"):
+                os.unlink(os.path.join(self._dir, name))
+        self._handle = aio_handle(**_aio_kwargs(aio))
+        self._entries: dict[str, _Entry] = {}
+        self._in_flight: set[str] = set()  # keys with an op not yet waited for
+        self._staged: list[torch.Tensor] = []  # staging buffers of in-flight ops
+        self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (staging, out) reads
+        self._pool: list[torch.Tensor] = []  # free page-aligned uint8 staging buffers
+        self._cleanup = weakref.finalize(self, _Files(self._dir, self._handle).remove)
+
+    @property
+    def directory(self) -> str:
+        return self._dir
+
+    def swap_out(self, key: str, tensor: torch.Tensor, async_op: bool = False) -> None:
+        """Writes the tensor's bytes to the file of `key` (replacing what it held)."""
+        self._check_open()
+        if key in self._in_flight:
+            self.wait()
+        src = tensor.detach()
+        nbytes = src.numel() * src.element_size()
+        if src.device.type != "cpu" or not src.is_contiguous():
+            buf = self._take(nbytes)
+            buf[:nbytes].view(src.dtype).view(src.shape).copy_(src)
+            self._staged.append(buf)
+            src = buf[:nbytes]
+        old = self._entries.get(key)
+        path = old.path if old else self._new_path(key)
+        if old is not None and old.nbytes > nbytes:
+            os.truncate(path, nbytes)  # a write keeps the bytes past its end
+        self._entries[key] = _Entry(path, tensor.numel(), tensor.dtype, nbytes)
+        self._in_flight.add(key)
+        self._handle.async_pwrite(src, path)
+        if not async_op:
+            self.wait()
+
+    def swap_in(self, key: str, out: torch.Tensor, async_op: bool = False) -> None:
+        """Reads the bytes of `key` into `out` (same numel and dtype as swapped out)."""
+        self._check_open()
+        entry = self._entries.get(key)
+        if entry is None:
+            raise KeyError(f"NVMeSwapper: nothing was swapped out under key {key!r}")
+        if out.numel() != entry.numel or out.dtype != entry.dtype:
+            raise ValueError(
+                f"NVMeSwapper.swap_in({key!r}): out has {out.numel()} elements of {out.dtype}, "
+                f"but {entry.numel} elements of {entry.dtype} were swapped out"
+            )
+        if key in self._in_flight:
+            self.wait()
+        dst = out.detach()
+        if dst.device.type != "cpu" or not dst.is_contiguous():
+            buf = self._take(entry.nbytes)
+            self._copy_back.append((buf, out))
+            dst = buf[: entry.nbytes]
+        self._in_flight.add(key)
+        self._handle.async_pread(dst, entry.path)
+        if not async_op:
+            self.wait()
+
+    def wait(self) -> None:
+        """Completes every async op; raises the first error (naming the file and errno)."""
+        if not self._in_flight:
+            return
+        copy_back, self._copy_back = self._copy_back, []
+        staged, self._staged = self._staged, []
+        self._in_flight.clear()
+        try:
+            self._handle.wait()
+            for buf, out in copy_back:
+                n = out.numel() * out.element_size()
+                out.detach().copy_(buf[:n].view(out.dtype).view(out.shape))
+        finally:
+            for buf in staged + [b for b, _ in copy_back]:
+                self._give(buf)
+
+    def nbytes_on_disk(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    def close(self) -> None:
+        """Waits for in-flight ops, then removes the files. Idempotent; runs at exit too."""
+        if not self._cleanup.alive:
+            return
+        try:
+            self.wait()
+        finally:
+            self._cleanup()
+            self._entries.clear()
+            self._pool.clear()
+
+    # -- internals -----------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if not self._cleanup.alive:
+            raise RuntimeError(f"NVMeSwapper for {self._dir!r} is closed")
+
+    def _new_path(self, key: str) -> str:
+        # The index keeps keys apart that sanitize to the same name.
+        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", key)[:80]
+        return os.path.join(self._dir, f"{len(self._entries)}.{safe}.swp")
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        fits = [b for b in self._pool if b.numel() >= nbytes]
+        if fits:
+            best = min(fits, key=lambda b: b.numel())
+            self._pool.remove(best)
+            return best
+        align = self._handle.get_alignment()
+        size = max(align, -(-nbytes // align) * align)
+        return self._handle.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
+
+    def _give(self, buf: torch.Tensor) -> None:
+        self._pool.append(buf)
+        if len(self._pool) > _POOL_MAX:  # keep the small ones: the big are the rare ones
+            self._pool.sort(key=lambda b: b.numel())
+            self._handle.free_cpu_locked_tensor(self._pool.pop())
