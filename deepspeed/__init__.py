@@ -8,7 +8,7 @@ from deepspeed_ext.runtime.engine import DeepSpeedEngine
 from deepspeed_ext.runtime.initialize import add_config_arguments, initialize
 from deepspeed_ext.version import __version__, __version_api__
 
-from . import comm
+from . import comm, zero  # transformers calls deepspeed.zero.Init after `import deepspeed`
 from .runtime import (
     lr_schedules,
 )  # accelerate reads deepspeed.runtime.lr_schedules after `import deepspeed`
@@ -26,6 +26,7 @@ __all__ = [
     "add_tuning_arguments",
     "lr_schedules",
     "comm",
+    "zero",
     "init_distributed",
     "initialize",
     "version",

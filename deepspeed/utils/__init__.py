@@ -1,3 +1,16 @@
 from deepspeed_ext.utils.logging import log_dist, logger
+from deepspeed_ext.zero.stage3 import (
+    get_z3_leaf_modules,
+    set_z3_leaf_modules,
+    unset_z3_leaf_modules,
+    z3_leaf_module,
+)
 
-__all__ = ["log_dist", "logger"]
+__all__ = [
+    "get_z3_leaf_modules",
+    "log_dist",
+    "logger",
+    "set_z3_leaf_modules",
+    "unset_z3_leaf_modules",
+    "z3_leaf_module",
+]

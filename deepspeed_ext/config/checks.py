@@ -33,6 +33,12 @@ def _offload(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
         if section is not None and section.device == "nvme" and not section.nvme_path:
             out.append(f'zero_optimization.{name}.nvme_path is required with device "nvme"')
     opt = zero.offload_optimizer
+    staged = "zero_optimization.stage" not in autos
+    if opt is not None and opt.device == "nvme" and staged and zero.stage != 3:
+        out.append(
+            'zero_optimization.offload_optimizer.device "nvme" needs zero_optimization.stage 3 '
+            '(ZeRO-Infinity); use device "cpu" with stages 1 and 2'
+        )
     if opt is not None and opt.ratio < 1.0 and zero.stage != 3:
         out.append("zero_optimization.offload_optimizer.ratio < 1 (partial offload) needs stage 3")
     return out

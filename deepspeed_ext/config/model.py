@@ -13,10 +13,11 @@ so a placeholder never silently turns into a default.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from .batch import TRIAD, BatchSizes, resolve
 from .errors import ConfigError
@@ -59,6 +60,12 @@ from .sections.zero import ZeroConfig
 from .types import AUTO, Bool, Float, FreeDict, Int, Section, Str, ToLower
 
 PositiveInt = Annotated[Int, Field(gt=0)]
+
+
+def _inf_is_never(v: Any) -> Any:
+    return None if isinstance(v, float) and v == math.inf else v
+
+
 CommDtype = Annotated[Literal["fp32", "fp16", "bf16"], ToLower]
 
 
@@ -101,7 +108,8 @@ class DeepSpeedConfig(BaseModel):
 
     # -- logging and monitoring ------------------------------------------------------------------
     # None: no periodic progress line (upstream's default since 0.15; its docs still say 10).
-    steps_per_print: PositiveInt | None = None
+    # Accelerate writes float("inf") to mean "never"; it is read as None.
+    steps_per_print: Annotated[PositiveInt | None, BeforeValidator(_inf_is_never)] = None
     wall_clock_breakdown: Bool = False
     memory_breakdown: Bool = False
     dump_state: Bool = False
@@ -174,6 +182,14 @@ class DeepSpeedConfig(BaseModel):
         for path in self._autos:
             set_path(out, path, AUTO)
         return out
+
+    # Upstream's engine.config is the dict the user passed, and callers read it as one (the HF
+    # Trainer: engine.config.get("zero_optimization", {}).get("stage")); plain values from to_dict.
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.to_dict().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
 
     # -- "auto" placeholders (see [Note: auto placeholders]) ---------------------------------------
     def unresolved_autos(self) -> list[str]:

@@ -79,6 +79,8 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.zero_optimization_stage():
             check_zero_optimizer(self.optimizer, config, client=optimizer is not None)
             self.strategy.mixed_grads_ok = isinstance(self.optimizer, CPU_OPTIMIZERS)
+        if hasattr(self.strategy, "attach_optimizer"):
+            self.strategy.attach_optimizer(self.optimizer)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             self.deepspeed_io(training_data, collate_fn=collate_fn)
@@ -100,6 +102,8 @@ class DeepSpeedEngine(torch.nn.Module):
         self._boundary_override: bool | None = None
         self._global_grad_norm: float | None = None
         self.overflow = False
+        if self.optimizer is not None:
+            self.optimizer.overflow = False
 
     # -- construction helpers -----------------------------------------------------------------
     @staticmethod
@@ -141,6 +145,12 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def _make_strategy(self, groups: list[dict[str, Any]], accum: torch.dtype, bucket: int) -> Any:
         stage = self.zero_optimization_stage()
+        if stage < 3 and any(hasattr(p, "ds_id") for p in self.module.parameters()):
+            raise ValueError(
+                f"the model was built under deepspeed.zero.Init (its parameters are partitioned)"
+                f" but zero_optimization.stage is {stage}: set zero_optimization.stage to 3, "
+                "or build the model without zero.Init"
+            )
         if stage == 0:
             return DataParallelStrategy(self.module, accum, bucket)
         if stage == 3:
@@ -152,7 +162,7 @@ class DeepSpeedEngine(torch.nn.Module):
                 accum,
                 self.device,
                 optimizer_device(self.config, self.device),
-                Stage3Options(self.config.zero_optimization, bucket),
+                Stage3Options(self.config.zero_optimization, bucket, self.config.aio.model_dump()),
             )
         from deepspeed_ext.zero import ZeroStrategy
 
@@ -248,6 +258,8 @@ class DeepSpeedEngine(torch.nn.Module):
         inv_scale = 1.0 / self.loss_scaler.loss_scale if self.loss_scaler else 1.0
         norm = self.strategy.grad_norm() * inv_scale  # global: every rank gets the same value
         self.overflow = self.loss_scaler is not None and not math.isfinite(norm)
+        if self.optimizer is not None:  # upstream's optimizers carry it; the HF Trainer reads it
+            self.optimizer.overflow = self.overflow
         if self.overflow:
             self.skipped_steps += 1
             scale = self.loss_scaler.loss_scale  # type: ignore[union-attr]
@@ -262,7 +274,10 @@ class DeepSpeedEngine(torch.nn.Module):
             self._global_grad_norm = norm
             if self.optimizer is not None:
                 self.strategy.before_step()
-                self.optimizer.step()
+                if hasattr(self.strategy, "optimizer_step"):
+                    self.strategy.optimizer_step(self.optimizer)  # in sub-groups (NVMe)
+                else:
+                    self.optimizer.step()
                 self.strategy.after_step()
             if self.loss_scaler is not None:
                 self.loss_scaler.update(False)
@@ -322,6 +337,9 @@ class DeepSpeedEngine(torch.nn.Module):
     def loss_scale(self) -> float:
         return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
 
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)
+
     # -- checkpoints -------------------------------------------------------------------------
     def save_checkpoint(
         self,
@@ -353,6 +371,21 @@ class DeepSpeedEngine(torch.nn.Module):
             load_lr_scheduler_states,
             load_module_only,
         )
+
+    def save_16bit_model(
+        self,
+        save_dir: Any,
+        save_filename: str = "pytorch_model.bin",
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        return ckpt.save_16bit_model(self, save_dir, save_filename, exclude_frozen_parameters)
+
+    def _zero3_consolidated_16bit_state_dict(
+        self, exclude_frozen_parameters: bool = False
+    ) -> dict[str, torch.Tensor] | None:
+        """The full weights on rank 0 (None elsewhere); every rank must call it. Also at
+        stages 0-2, where upstream refuses: the HF Trainer and Accelerate save through it."""
+        return ckpt.consolidated_state_dict(self, exclude_frozen_parameters)
 
     def destroy(self) -> None:
         self.strategy.remove_hooks()

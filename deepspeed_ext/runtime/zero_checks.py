@@ -35,12 +35,12 @@ def offload_device(config: Any) -> str:
 
 def optimizer_device(config: Any, model_device: torch.device) -> torch.device:
     dev = offload_device(config)
-    if dev == "nvme":
-        raise NotImplementedError(
-            "zero_optimization.offload_optimizer.device 'nvme' arrives with ZeRO stage 3; use "
-            "'cpu' for now"
+    if dev == "nvme" and config.zero_optimization.stage != 3:
+        raise ZeroConfigError(
+            "zero_optimization.offload_optimizer.device 'nvme' needs zero_optimization.stage 3 "
+            "(ZeRO-Infinity); use device 'cpu' with stages 1-2"
         )
-    return torch.device("cpu") if dev == "cpu" else model_device
+    return torch.device("cpu") if dev in ("cpu", "nvme") else model_device
 
 
 def check_zero_optimizer(optimizer: Any, config: Any, client: bool) -> None:
@@ -61,7 +61,7 @@ def check_zero_optimizer(optimizer: Any, config: Any, client: bool) -> None:
             'flat partitions of the params: set "zero_allow_untested_optimizer": true if its '
             "update is elementwise, or use DeepSpeedCPUAdam/FusedAdam/torch Adam(W)"
         )
-    if offload_device(config) == "cpu" and not isinstance(optimizer, CPU_OPTIMIZERS):
+    if offload_device(config) in ("cpu", "nvme") and not isinstance(optimizer, CPU_OPTIMIZERS):
         if config.zero_force_ds_cpu_optimizer:
             raise ZeroConfigError(
                 f"zero_optimization.offload_optimizer.device is 'cpu' but the optimizer is "

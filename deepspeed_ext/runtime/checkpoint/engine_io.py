@@ -18,7 +18,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.version import __version__
 
-from . import atomic, layout, safe_load
+from . import atomic, layout, safe_load, zero3_io
 from .safe_load import CheckpointError
 
 # Keys the engine owns; everything else in the file is the client's.
@@ -42,6 +42,7 @@ ENGINE_KEYS = frozenset(
         "buffer_names",
         "zero_stage",
         "zero_layouts",
+        "zero3_params",
     }
 )
 
@@ -84,7 +85,11 @@ def save_checkpoint(
         atomic.prepare(save_dir, tag)
     comm.barrier()
     tmp = atomic.tmp_dir_for(save_dir, tag)
-    if stage:  # every rank writes its own partition
+    if stage == 3:  # every rank writes its shards ([Note: stage-3 checkpoint])
+        torch.save(
+            zero3_io.rank_payload(engine), tmp / layout.zero_optim_states_name(comm.get_rank())
+        )
+    elif stage:  # every rank writes its own partition
         torch.save(
             {
                 "optimizer_state_dict": engine.optimizer.state_dict(),
@@ -99,7 +104,10 @@ def save_checkpoint(
     comm.barrier()
     if comm.get_rank() == 0:
         state = {
-            "module": _module_state(engine, exclude_frozen_parameters),
+            "module": zero3_io.module_buffers(engine)
+            if stage == 3
+            else _module_state(engine, exclude_frozen_parameters),
+            "zero3_params": zero3_io.param_table(engine) if stage == 3 else None,
             "optimizer": engine.optimizer.state_dict()
             if engine.optimizer is not None and not stage
             else None,
@@ -111,7 +119,7 @@ def save_checkpoint(
                 n for n, p in engine.module.named_parameters() if not p.requires_grad
             ],
             "zero_stage": stage,
-            "zero_layouts": engine.strategy.layouts() if stage else None,
+            "zero_layouts": engine.strategy.layouts() if stage in (1, 2) else None,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,
             "global_steps": engine.global_steps,
@@ -156,12 +164,19 @@ def load_checkpoint(
             return None, None
     path = load_dir / str(tag) / layout.model_states_name()
     state = safe_load.load(path)
-    with torch.no_grad():  # in place: ZeRO params are views into flat buffers
-        engine.module.load_state_dict(state["module"], strict=load_module_strict)
-    engine.strategy.sync_masters_from_model()
     stage = engine.zero_optimization_stage()
+    if stage == 3 or state.get("zero3_params"):
+        _check_stage3(state, stage, path)
+        with torch.no_grad():
+            engine.module.load_state_dict(state["module"], strict=False)  # the buffers
+        zero3_io.load(engine, path.parent, state, load_optimizer_states and not load_module_only)
+    else:
+        _load_module(engine.module, state, load_module_strict)
+        engine.strategy.sync_masters_from_model()
     if not load_module_only:
-        if load_optimizer_states and engine.optimizer and stage:
+        if stage == 3:
+            pass  # the optimizer state came with the shards
+        elif load_optimizer_states and engine.optimizer and stage:
             _load_zero_partition(engine, path.parent, int(state.get("zero_stage") or 0))
         elif load_optimizer_states and state.get("optimizer") is not None and engine.optimizer:
             engine.optimizer.load_state_dict(state["optimizer"])
@@ -187,6 +202,32 @@ def load_checkpoint(
     client_state = {k: v for k, v in state.items() if k not in ENGINE_KEYS}
     logger.info(f"loaded checkpoint {path.parent}")
     return str(path.parent), client_state
+
+
+def _load_module(module: torch.nn.Module, state: dict[str, Any], strict: bool) -> None:
+    """load_state_dict in place (ZeRO params are views into flat buffers). Strict still
+    accepts the frozen parameters a save with exclude_frozen_parameters left out: the module
+    keeps its own (pretrained) values for them, as a PEFT resume expects."""
+    saved = state["module"]
+    left_out = set(state.get("frozen_param_names") or []) - saved.keys()
+    with torch.no_grad():
+        result = module.load_state_dict(saved, strict=False)
+    missing = [k for k in result.missing_keys if k not in left_out]
+    if strict and (missing or result.unexpected_keys):
+        raise CheckpointError(
+            f"checkpoint does not match the model: missing keys {missing}, unexpected keys "
+            f"{result.unexpected_keys}; pass load_module_strict=False to load what matches"
+        )
+
+
+def _check_stage3(state: dict[str, Any], stage: int, path: Path) -> None:
+    if stage != 3 or not state.get("zero3_params"):
+        raise CheckpointError(
+            f"{path.parent} was written with zero_optimization.stage "
+            f"{state.get('zero_stage')} and this engine runs stage {stage}: parameters "
+            "partitioned by stage 3 load only into stage 3. Consolidate it with zero_to_fp32 "
+            "and load the weights into the model instead"
+        )
 
 
 def _as_random_state(s: Any) -> tuple[Any, ...]:

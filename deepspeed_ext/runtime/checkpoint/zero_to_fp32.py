@@ -78,6 +78,9 @@ def iter_fp32_params(
     """(name, fp32 tensor) for every parameter and buffer, streamed bucket by bucket."""
     d = _ckpt_dir(checkpoint_dir, tag)
     states = _load_mmap(d / layout.model_states_name())
+    if states.get("zero3_params"):
+        yield from _iter_stage3(d, states, exclude_frozen_parameters, progress)
+        return
     module: dict[str, torch.Tensor] = states["module"]
     layouts = [GroupLayout.from_dict(x) for x in (states.get("zero_layouts") or [])]
     trainable = {s.name for g in layouts for s in g.slots}
@@ -106,6 +109,35 @@ def iter_fp32_params(
         if name in trainable or (exclude_frozen_parameters and name in frozen):
             continue
         t = masters.get(name, t)
+        yield name, t.float().clone() if t.is_floating_point() else t.clone()
+
+
+def _iter_stage3(
+    d: Path, states: Any, exclude_frozen: bool, progress: bool | None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stage 3: each parameter is its ranks' shards concatenated ([Note: stage-3 checkpoint])."""
+    from .zero3_io import full_from_shards
+
+    table = states["zero3_params"]
+    world = int(states["dp_world_size"])
+    parts = [_load_mmap(d / layout.zero_optim_states_name(r)) for r in range(world)]
+    frozen = set(table["frozen"])
+    bar = _Progress(len(table["params"]), progress if progress is not None else False)
+    tied_targets = set(table["tied"].values())
+    done: dict[str, torch.Tensor] = {}  # only the tied ones: memory stays one parameter
+    for name, shape in table["params"]:
+        bar.step()
+        if name in frozen and exclude_frozen:
+            continue
+        key = "param_shards" if name in frozen else "fp32_masters"
+        full = full_from_shards([p[key][name] for p in parts], tuple(shape)).float().clone()
+        if name in tied_targets:
+            done[name] = full
+        yield name, full
+    for alias, name in table["tied"].items():
+        if name in done:
+            yield alias, done[name]
+    for name, t in states["module"].items():  # buffers
         yield name, t.float().clone() if t.is_floating_point() else t.clone()
 
 

@@ -15,15 +15,9 @@ import torch
 
 from deepspeed_ext.comm import all_gather_bucket, get_rank, get_world_size
 
-from .param import ZeroParamStatus, is_zero_param, release, set_full
+from .param import ZeroParamStatus, is_zero_param, read_shard, release, set_full
 
 LONE_NUMEL = 1 << 20
-
-
-def shard_of(p: Any) -> torch.Tensor:
-    """The shard to send: swapped in first when it lives on NVMe."""
-    swap = getattr(p, "ds_swap", None)
-    return swap.fetch(p) if swap is not None else p.ds_tensor
 
 
 class GatherHandle:
@@ -49,7 +43,7 @@ class GatherHandle:
             rows = recv.view(world, total)
             off = 0
             for p in params:
-                s = p.ds_tensor.numel()
+                s = p.ds_shard_numel
                 full = torch.empty(p.ds_numel, dtype=recv.dtype, device=recv.device)
                 copy_rows(full, rows[:, off : off + s])
                 set_full(p, full)
@@ -97,7 +91,7 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
         shared = [p for p in group if p.ds_numel < LONE_NUMEL]
         for batch in [[p] for p in lone] + ([shared] if shared else []):
             device = batch[0].ds_device
-            send = torch.cat([shard_of(p).to(device, non_blocking=True) for p in batch])
+            send = torch.cat([read_shard(p).to(device, non_blocking=True) for p in batch])
             recv = torch.empty(world * send.numel(), dtype=send.dtype, device=device)
             handle.jobs.append((all_gather_bucket(recv, send), recv, batch))
             for p in batch:

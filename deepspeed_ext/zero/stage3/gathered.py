@@ -15,7 +15,7 @@ import torch
 from deepspeed_ext.comm import broadcast, get_rank, get_world_size
 
 from .gather import gather_params, release_params
-from .param import is_zero_param, own_slice
+from .param import is_zero_param, own_slice, write_shard
 
 
 def _as_list(params: Any) -> list[Any]:
@@ -70,7 +70,7 @@ class GatheredParameters:
                 full = flat[off : off + p.ds_numel]
                 off += p.ds_numel
                 p.data.copy_(full.view(p.ds_shape))
-                p.ds_tensor.copy_(own_slice(full, rank, world))
+                write_shard(p, own_slice(full, rank, world))
                 sync = getattr(p, "ds_master_sync", None)
                 if sync is not None:
                     sync()

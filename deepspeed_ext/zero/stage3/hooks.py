@@ -1,24 +1,25 @@
 """Module hooks that gather a module's parameters around its forward and backward.
 
 [Note: stage-3 hooks]
-- forward pre-hook: gather the module's own parameters (a leaf module's: all of them, see
-  leaf.py), marking them active; forward post-hook: unmark and release those no other open
-  forward or gather uses. Persistent parameters are never released.
+- forward pre-hook: fetch the module's own parameters (a leaf module's: all of them, see
+  leaf.py; plus registered external ones) through the coordinator, marking them active;
+  forward post-hook: unmark and release those no open forward or gather uses, unless the
+  coordinator expects them back soon. Persistent parameters are never released.
 - before the module's backward (a hook on each output tensor's gradient, which fires before
-  the module's grad_fn runs): gather them again, as autograd reads the saved parameters.
+  the module's grad_fn runs): fetch them again, as autograd reads the saved parameters.
 - after the module's backward (a hook on its inputs' gradients): release the frozen ones.
-  Trainable ones are released by the reducer once their gradient is taken.
-- `on_gather` lets the prefetcher and the order checker see each gather, in execution order.
+  Trainable ones are released by the strategy once their gradient is taken.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .gather import gather_params, release_params
+from .coordinator import BACKWARD, FORWARD, GatherCoordinator
+from .external import external_params
+from .gather import release_params
 from .leaf import is_leaf_module
 from .param import is_zero_param
 
@@ -44,42 +45,48 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 
 class ModuleHooks:
-    def __init__(
-        self,
-        root: torch.nn.Module,
-        on_gather: Callable[[torch.nn.Module, list[Any]], None] | None = None,
-    ) -> None:
+    def __init__(self, root: torch.nn.Module, options: Any) -> None:
         self.handles: list[Any] = []
-        self.on_gather = on_gather
-        self.params_of: dict[int, list[Any]] = {}
-        self.names: dict[int, str] = {}
-        self._register(root, "")
+        self.index: dict[int, int] = {}  # id(module) -> module index
+        names: list[str] = []
+        params: list[list[Any]] = []
+        self._register(root, "", names, params)
+        self.coordinator = GatherCoordinator(
+            names,
+            params,
+            options.prefetch_numel,
+            options.max_live_numel,
+            options.max_reuse_distance,
+        )
+        self.params = params
+        # prepended: the micro-step begins before the root's own parameters are fetched
+        self.handles.append(root.register_forward_pre_hook(self._root_pre_forward, prepend=True))
 
-    def _register(self, module: torch.nn.Module, name: str) -> None:
+    def _register(
+        self, module: torch.nn.Module, name: str, names: list[str], params: list[list[Any]]
+    ) -> None:
         leaf = is_leaf_module(module)
-        params = [p for p in module.parameters(recurse=leaf) if is_zero_param(p)]
-        self.params_of[id(module)] = params
-        self.names[id(module)] = name or type(module).__name__
-        if params:
+        own = [p for p in module.parameters(recurse=leaf) if is_zero_param(p)]
+        mine = own + [p for p in external_params(module) if all(p is not q for q in own)]
+        if mine:
+            self.index[id(module)] = len(names)
+            names.append(name or type(module).__name__)
+            params.append(mine)
             self.handles.append(module.register_forward_pre_hook(self._pre_forward))
             self.handles.append(module.register_forward_hook(self._post_forward))
         if not leaf:  # a leaf's children run inside its gather
             for child_name, child in module.named_children():
-                self._register(child, f"{name}.{child_name}" if name else child_name)
+                self._register(child, f"{name}.{child_name}" if name else child_name, names, params)
 
-    def module_name(self, module: torch.nn.Module) -> str:
-        return self.names.get(id(module), type(module).__name__)
-
-    def _gather(self, module: torch.nn.Module, params: list[Any]) -> None:
-        if self.on_gather is not None:
-            self.on_gather(module, params)
-        gather_params(params)
+    def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
+        self.coordinator.begin_forward()
 
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
-        params = self.params_of[id(module)]
+        i = self.index[id(module)]
+        params = self.params[i]
         for p in params:
             p.ds_active += 1
-        self._gather(module, params)
+        self.coordinator.fetch(i, FORWARD)
         if torch.is_grad_enabled():
             frozen = [p for p in params if not p.requires_grad]
             if frozen:
@@ -87,17 +94,19 @@ class ModuleHooks:
                     t.register_hook(lambda g, frozen=frozen: self._release(frozen, g))
 
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        params = self.params_of[id(module)]
+        i = self.index[id(module)]
+        params = self.params[i]
         for p in params:
             p.ds_active -= 1
-        release_params(params)
+        if not self.coordinator.keep_after_forward(i):
+            release_params(params)
         if torch.is_grad_enabled():
             fired = [False]
 
             def pre_backward(grad: torch.Tensor) -> torch.Tensor:
                 if not fired[0]:
                     fired[0] = True
-                    self._gather(module, params)
+                    self.coordinator.fetch(i, BACKWARD)
                 return grad
 
             for t in _tensors(output):
@@ -107,6 +116,9 @@ class ModuleHooks:
     def _release(params: list[Any], grad: torch.Tensor) -> torch.Tensor:
         release_params(params)
         return grad
+
+    def end_backward(self) -> None:
+        self.coordinator.end_backward()
 
     def remove(self) -> None:
         for h in self.handles:

@@ -40,5 +40,5 @@ def _mark(model: torch.nn.Module, classes: list[Any], flag: bool) -> list[Any]:
             f"{sorted(wanted)}; pass the classes (or class names) the model actually uses"
         )
     for m in hits:
-        m._z3_leaf = flag
+        setattr(m, "_z3_leaf", flag)  # noqa: B010 - a plain attribute on any module
     return hits

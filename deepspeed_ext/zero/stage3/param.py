@@ -74,15 +74,36 @@ def convert(
     p.ds_numel = full.numel()  # type: ignore[attr-defined]
     p.ds_persist = persist  # type: ignore[attr-defined]
     p.ds_tensor = own_slice(full.reshape(-1), rank, world).to(shard_device)  # type: ignore[attr-defined]
+    p.ds_shard_numel = p.ds_tensor.numel()  # type: ignore[attr-defined]  # S, even when swapped out
+    p.ds_swap = None  # type: ignore[attr-defined]  # the NVMe swapper holding the shard, if any
     p.ds_device = compute_device  # type: ignore[attr-defined]  # where the full value lives
     p.ds_active = 0  # type: ignore[attr-defined]  # open forwards and gathers using it
     p.ds_handle = None  # type: ignore[attr-defined]  # the all-gather in flight, if INFLIGHT
+    p.ds_name = getattr(p, "ds_name", f"ds_id {p.ds_id}")  # type: ignore[attr-defined]
     if persist:
         set_full(p, full)
     else:
         p.ds_status = ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
         p.data = empty_like_param(full)
     _bind_methods(p)
+    from .strict import enabled, make_strict
+
+    if enabled():
+        make_strict(p)
+
+
+def read_shard(p: Any) -> torch.Tensor:
+    """This rank's shard [S]; read back from NVMe when it was swapped out."""
+    return p.ds_swap.fetch(p) if p.ds_swap is not None else p.ds_tensor
+
+
+@torch.no_grad()
+def write_shard(p: Any, value: torch.Tensor) -> None:
+    """Store a new shard value (cast to the parameter's dtype), on NVMe when swapped out."""
+    if p.ds_swap is not None:
+        p.ds_swap.store(p, value.to(p.dtype))
+    else:
+        p.ds_tensor.copy_(value)
 
 
 def set_full(p: torch.nn.Parameter, full: torch.Tensor) -> None:
@@ -113,7 +134,7 @@ def _bind_methods(p: torch.nn.Parameter) -> None:
             "status": p.ds_status.name,  # type: ignore[attr-defined]
             "numel": p.ds_numel,  # type: ignore[attr-defined]
             "shape": tuple(p.ds_shape),  # type: ignore[attr-defined]
-            "shard_numel": p.ds_tensor.numel(),  # type: ignore[attr-defined]
+            "shard_numel": p.ds_shard_numel,  # type: ignore[attr-defined]
             "persist": p.ds_persist,  # type: ignore[attr-defined]
         }
 

@@ -39,7 +39,7 @@ class Stage3Reducer:
         # part[id(p)]: [S] this rank's shard of p's gradient, accumulated over micro-steps
         self.part = {
             id(p): torch.zeros(
-                p.ds_tensor.numel(), dtype=accum_dtype, device=grad_device, pin_memory=pin
+                p.ds_shard_numel, dtype=accum_dtype, device=grad_device, pin_memory=pin
             )
             for p in params
         }
@@ -49,7 +49,7 @@ class Stage3Reducer:
 
     def add(self, p: Any, grad: torch.Tensor) -> None:
         self.pending.append((p, grad))
-        self.pending_numel += p.ds_tensor.numel() * self.world
+        self.pending_numel += p.ds_shard_numel * self.world
         if self.pending_numel >= self.bucket_numel:
             self._launch()
 
@@ -57,12 +57,12 @@ class Stage3Reducer:
         if not self.pending:
             return
         items, self.pending, self.pending_numel = self.pending, [], 0
-        total = sum(p.ds_tensor.numel() for p, _ in items)
+        total = sum(p.ds_shard_numel for p, _ in items)
         device = items[0][1].device
         buf = torch.zeros(self.world, total, dtype=self.accum_dtype, device=device)
         off = 0
         for p, g in items:
-            s = p.ds_tensor.numel()
+            s = p.ds_shard_numel
             fill_rows(buf[:, off : off + s], g.reshape(-1))
             off += s
         out = buf[0] if self.world == 1 else torch.empty(total, dtype=buf.dtype, device=device)
@@ -76,7 +76,7 @@ class Stage3Reducer:
         work.wait()
         off = 0
         for p in params:
-            s = p.ds_tensor.numel()
+            s = p.ds_shard_numel
             part = self.part[id(p)]
             part.add_(out[off : off + s].to(part.device), alpha=1 / self.world)
             off += s

@@ -16,12 +16,12 @@ from deepspeed_ext.comm import all_reduce_sum_, get_rank, get_world_size
 from ..norms import sum_of_squares
 from .gather import gather_params, release_params
 from .hooks import ModuleHooks
-from .param import ZeroParamStatus, convert, is_zero_param
+from .param import ZeroParamStatus, convert, is_zero_param, read_shard, write_shard
 from .reduce import Stage3Reducer
 
 
 class Stage3Options:
-    def __init__(self, zero_cfg: Any, bucket_numel: int) -> None:
+    def __init__(self, zero_cfg: Any, bucket_numel: int, aio: dict[str, Any] | None = None) -> None:
         self.bucket_numel = bucket_numel
         self.persistence_threshold = int(zero_cfg.stage3_param_persistence_threshold)
         self.model_persistence_threshold = int(zero_cfg.stage3_model_persistence_threshold)
@@ -30,6 +30,13 @@ class Stage3Options:
         self.max_reuse_distance = int(zero_cfg.stage3_max_reuse_distance)
         off = zero_cfg.offload_param
         self.param_offload = str(off.device) if off is not None else "none"
+        self.param_nvme_path = getattr(off, "nvme_path", None)
+        self.max_in_cpu = int(getattr(off, "max_in_cpu", 0))
+        opt = zero_cfg.offload_optimizer
+        self.optimizer_offload = str(opt.device) if opt is not None else "none"
+        self.optimizer_nvme_path = getattr(opt, "nvme_path", None)
+        self.sub_group_numel = int(zero_cfg.sub_group_size)
+        self.aio = {k: v for k, v in (aio or {}).items() if k != "use_gds"}
 
 
 class Stage3Strategy:
@@ -49,7 +56,11 @@ class Stage3Strategy:
         self.module = module
         self.names = {id(p): n for n, p in module.named_parameters()}
         self._partition_all(module, device)
-        self.hooks = ModuleHooks(module)
+        self.swappers: list[Any] = []
+        self.optimizer_swap: Any = None
+        if options.param_offload == "nvme":
+            self._params_to_nvme()
+        self.hooks = ModuleHooks(module, options)
         self.group_options: list[dict[str, Any]] = []
         self.group_params: list[list[Any]] = []
         for g in model_groups:
@@ -58,6 +69,7 @@ class Stage3Strategy:
                 self.group_params.append(trainable)
                 self.group_options.append({k: v for k, v in g.items() if k != "params"})
         self.trainable = [p for grp in self.group_params for p in grp]
+        self.trainable_ids = {id(p) for p in self.trainable}
         self.masters = {id(p): self._new_master(p, optimizer_device) for p in self.trainable}
         self.reducer = Stage3Reducer(
             self.trainable, accum_dtype, optimizer_device, options.bucket_numel
@@ -77,16 +89,76 @@ class Stage3Strategy:
         """Partition what zero.Init did not, in module order (ds_id equal on every rank)."""
         shard_device = torch.device("cpu") if self.options.param_offload != "none" else device
         persistent_left = self.options.model_persistence_threshold
-        for p in module.parameters():
+        p: Any
+        for name, p in module.named_parameters():
+            if is_zero_param(p):
+                self._adopt(p, device, shard_device)
+                p.ds_name = name
+                continue
+            p.ds_name = name
             persist = p.numel() <= self.options.persistence_threshold and (
                 persistent_left >= p.numel()
             )
-            if is_zero_param(p):
-                self._adopt(p, device, shard_device)
-                continue
             if persist:
                 persistent_left -= p.numel()
             convert(p, self.rank, self.world, shard_device, device, persist)
+
+    def _swapper(self, path: str | None, tag: str, needed_bytes: int, key: str) -> Any:
+        from deepspeed_ext.zero.offload.nvme import NVMeSwapper, check_nvme_path
+
+        assert path, f"{key} is required with device 'nvme'"  # the config checks said so
+        check_nvme_path(path, needed_bytes, key)
+        swapper = NVMeSwapper(path, self.rank, tag, self.options.aio)
+        self.swappers.append(swapper)
+        return swapper
+
+    def _params_to_nvme(self) -> None:
+        from .nvme import offload_params
+
+        params: list[Any] = list(self.module.parameters())
+        needed = sum(p.ds_shard_numel * p.ds_tensor.element_size() for p in params)
+        swapper = self._swapper(
+            self.options.param_nvme_path,
+            "params",
+            needed,
+            "zero_optimization.offload_param.nvme_path",
+        )
+        offload_params(params, swapper, self.options.max_in_cpu)
+
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """With offload_optimizer nvme, the masters and their states go to swap files."""
+        if self.options.optimizer_offload != "nvme" or optimizer is None:
+            return
+        from .nvme import OptimizerSwap
+
+        shard = sum(p.ds_shard_numel for p in self.trainable)
+        swapper = self._swapper(
+            self.options.optimizer_nvme_path,
+            "optimizer",
+            12 * shard,  # fp32 master + two fp32 moments
+            "zero_optimization.offload_optimizer.nvme_path",
+        )
+        self.optimizer_swap = OptimizerSwap(swapper, self.options.sub_group_numel)
+        self.optimizer_swap.attach(
+            optimizer, self.trainable, [self.masters[id(p)] for p in self.trainable]
+        )
+
+    def optimizer_step(self, optimizer: Any) -> None:
+        if self.optimizer_swap is not None:  # also writes the new values into the shards
+            self.optimizer_swap.step(lambda i: self._grad_for(self.trainable[i]))
+        else:
+            optimizer.step()
+
+    def _grad_for(self, p: Any) -> torch.Tensor:
+        g = self.reducer.part[id(p)]
+        return g if g.dtype == torch.float32 or self.mixed_grads_ok else g.float()
+
+    def resident_optimizer(self) -> Any:
+        """A context in which the optimizer's state is all in memory (checkpoints)."""
+        import contextlib
+
+        swap = self.optimizer_swap
+        return swap.resident() if swap is not None else contextlib.nullcontext()
 
     def _adopt(self, p: Any, device: torch.device, shard_device: torch.device) -> None:
         """A parameter zero.Init partitioned: follow the engine's dtype and devices."""
@@ -98,12 +170,14 @@ class Stage3Strategy:
             p.data = p.data.to(device, dtype=p.ds_tensor.dtype)
 
     def _new_master(self, p: Any, device: torch.device) -> torch.nn.Parameter:
-        m = torch.nn.Parameter(p.ds_tensor.detach().to(device, torch.float32), requires_grad=False)
+        # An fp32 shard already where the optimizer runs is its own master (no second copy).
+        shard = read_shard(p).detach()
+        m = torch.nn.Parameter(shard.to(device, torch.float32), requires_grad=False)
         if hasattr(m, "grad_dtype"):  # torch >= 2.10: allow grads in the accumulation dtype
             m.grad_dtype = None
 
         def sync_master(m: torch.Tensor = m, p: Any = p) -> None:
-            m.data.copy_(p.ds_tensor)  # GatheredParameters changed the parameter
+            m.data.copy_(read_shard(p))  # GatheredParameters changed the parameter
 
         p.ds_master_sync = sync_master
         return m
@@ -141,6 +215,7 @@ class Stage3Strategy:
 
     def end_backward(self) -> None:
         self.reducer.flush()
+        self.hooks.end_backward()
         release_params(self.module.parameters())
 
     # -- the step --
@@ -155,28 +230,37 @@ class Stage3Strategy:
                 g.mul_(factor)
 
     def before_step(self) -> None:
-        for p in self.trainable:
-            m, g = self.masters[id(p)], self.reducer.part[id(p)]
-            m.grad = g if g.dtype == m.dtype or self.mixed_grads_ok else g.float()
+        if self.optimizer_swap is None:  # swapped masters get theirs when swapped in
+            for p in self.trainable:
+                self.masters[id(p)].grad = self._grad_for(p)
 
     @torch.no_grad()
     def after_step(self) -> None:
         for p in self.trainable:
             m = self.masters[id(p)]
             m.grad = None
-            p.ds_tensor.copy_(m)
+            if self.optimizer_swap is None:  # the swapped step wrote its shards already
+                write_shard(p, m)
         self._refresh_persistent()
 
-    def _refresh_persistent(self) -> None:
+    def _refresh_persistent(self, trainable_only: bool = True) -> None:
         """Persistent parameters stay gathered: their new values come from every rank."""
-        persistent = [p for p in self.module.parameters() if p.ds_persist and p.requires_grad]
+        params: list[Any] = list(self.module.parameters())
+        persistent = [p for p in params if p.ds_persist and (p.requires_grad or not trainable_only)]
         release_params(persistent, force=True)
         gather_params(persistent)
+
+    def after_load(self) -> None:
+        """Shards were loaded: gathered copies are stale."""
+        release_params(self.module.parameters(), force=True)
+        self._refresh_persistent(trainable_only=False)
 
     def zero_grads(self) -> None:
         self.reducer.zero()
 
     def remove_hooks(self) -> None:
+        for s in self.swappers:
+            s.close()
         self.hooks.remove()
         for h in self._grad_hooks:
             h.remove()
@@ -192,7 +276,29 @@ class Stage3Strategy:
     @torch.no_grad()
     def sync_masters_from_model(self) -> None:
         for p in self.trainable:
-            self.masters[id(p)].copy_(p.ds_tensor)
+            self.masters[id(p)].copy_(read_shard(p))
+
+    @torch.no_grad()
+    def gathered_state_dict(self, exclude_frozen: bool = False) -> dict[str, torch.Tensor] | None:
+        """The full state dict on rank 0 (None elsewhere), gathering one module at a time;
+        every rank must call it. Tied parameters appear under each of their names."""
+        from .gathered import GatheredParameters
+
+        out: dict[str, torch.Tensor] = {}
+        for prefix, m in self.module.named_modules():
+            own = list(m.named_parameters(recurse=False))
+            with GatheredParameters([p for _, p in own]):
+                if self.rank == 0:
+                    for n, p in own:
+                        if p.requires_grad or not exclude_frozen:
+                            out[f"{prefix}.{n}" if prefix else n] = p.detach().cpu().clone()
+        if self.rank != 0:
+            return None
+        param_keys = {n for n, _ in self.module.named_parameters(remove_duplicate=False)}
+        for k, v in self.module.state_dict().items():
+            if k not in param_keys:  # buffers
+                out[k] = v.detach().cpu().clone()
+        return out
 
 
 def _drop_grad(p: Any) -> None:

@@ -36,17 +36,21 @@ def _steps(engine, first: int, n: int) -> list[float]:
     return out
 
 
-def _resume(stage: int, save_dir: str) -> dict:
+def _resume(stage: int, save_dir: str, nvme: str | None = None) -> dict:
     from deepspeed_ext.runtime.initialize import initialize
     from tests.unit.zero.zero_runs import Net
 
-    cfg = {**CFG, "zero_optimization": {"stage": stage, "reduce_bucket_size": 300}}
+    zero = {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}
+    if nvme:  # shards, masters and moments in swap files
+        zero["offload_param"] = {"device": "nvme", "nvme_path": nvme, "max_in_cpu": 0}
+        zero["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme}
+    cfg = {**CFG, "zero_optimization": zero}
     full, *_ = initialize(model=Net(), config=cfg)
     want = _steps(full, 0, 6)[6:]
     a, *_ = initialize(model=Net(), config=cfg)
     _steps(a, 0, 3)
     a.save_checkpoint(save_dir)
-    live = {n: p.detach().float().clone() for n, p in a.module.named_parameters()}
+    live = full_state(a.module)
     torch.manual_seed(99)
     b, *_ = initialize(model=Net(), config=cfg)
     b.load_checkpoint(save_dir)
@@ -54,9 +58,18 @@ def _resume(stage: int, save_dir: str) -> dict:
     return {"want": want, "got": got, "live": live}
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+def full_state(module) -> dict:
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    with GatheredParameters(list(module.parameters())):  # a no-op below stage 3
+        return {n: p.detach().float().clone() for n, p in module.named_parameters()}
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3, "3-nvme"])
 def test_resume_is_exact_and_zero_to_fp32_equals_live_weights(stage, tmp_path):
-    results = run_ranks(_resume, 2, stage, str(tmp_path))
+    nvme = str(tmp_path / "nvme") if stage == "3-nvme" else None
+    results = run_ranks(_resume, 2, 3 if nvme else stage, str(tmp_path / "ckpt"), nvme)
+    tmp_path = tmp_path / "ckpt"
     for r in results:
         assert r["got"] == r["want"], "resumed run differs from the uninterrupted one"
     names = sorted((tmp_path / "global_step3").iterdir())
@@ -127,32 +140,32 @@ RESHARD_CFG = {
     "gradient_clipping": 1.0,
     "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
     "steps_per_print": 1000,
-    "zero_optimization": {"stage": 2, "reduce_bucket_size": 300},
 }
 
 
-def _reshard_run(save_dir: str, first: int, n: int, save: bool) -> dict:
+def _reshard_run(save_dir: str, first: int, n: int, save: bool, stage: int = 2) -> dict:
     import os
 
     from deepspeed_ext.runtime.initialize import initialize
     from tests.unit.zero.zero_runs import Net
 
     world = int(os.environ["WORLD_SIZE"])
-    cfg = {**RESHARD_CFG, "train_micro_batch_size_per_gpu": 8 // world}
+    zero = {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}
+    cfg = {**RESHARD_CFG, "train_micro_batch_size_per_gpu": 8 // world, "zero_optimization": zero}
     engine, *_ = initialize(model=Net(), config=cfg)
     if first:
         engine.load_checkpoint(save_dir)
     _global_steps(engine, first, n)
     if save:
         engine.save_checkpoint(save_dir)
-    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    return full_state(engine.module)
 
 
-@pytest.mark.parametrize("new_world", [1, 4])
-def test_resume_at_another_world_size(new_world, tmp_path):
-    want = run_ranks(_reshard_run, 2, str(tmp_path / "unused"), 0, 6, False)[0]
-    run_ranks(_reshard_run, 2, str(tmp_path), 0, 3, True)
-    got = run_ranks(_reshard_run, new_world, str(tmp_path), 3, 3, False)
+@pytest.mark.parametrize(("stage", "new_world"), [(2, 1), (2, 4), (3, 1), (3, 4)])
+def test_resume_at_another_world_size(stage, new_world, tmp_path):
+    want = run_ranks(_reshard_run, 2, str(tmp_path / "unused"), 0, 6, False, stage)[0]
+    run_ranks(_reshard_run, 2, str(tmp_path), 0, 3, True, stage)
+    got = run_ranks(_reshard_run, new_world, str(tmp_path), 3, 3, False, stage)
     for r in got[1:]:
         for n, p in r.items():
             assert torch.equal(p, got[0][n]), f"ranks diverged on {n}"

@@ -65,15 +65,22 @@ def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None
         for t in s.values()
         if torch.is_tensor(t)
     )
+    opt_swap = getattr(engine.strategy, "optimizer_swap", None)
+    swapped = {
+        "params": sum(getattr(p, "ds_swap", None) is not None for p in model.parameters()),
+        "optimizer_bytes": opt_swap.swapper.nbytes_on_disk() if opt_swap else 0,
+    }
+    engine.destroy()
     return {
         "params": params,
         "losses": losses,
         "state_bytes": state_bytes,
         "grad_norm": engine.get_global_grad_norm(),
+        "swapped": swapped,
     }
 
 
-def train_gpt(stage: int, steps: int = 3) -> dict:
+def train_gpt(stage: int, steps: int = 3, zero: dict[str, Any] | None = None) -> dict:
     """The example GPT (tied embeddings, nested blocks) under a ZeRO stage."""
     from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.zero.stage3 import GatheredParameters
@@ -91,6 +98,7 @@ def train_gpt(stage: int, steps: int = 3) -> dict:
             "stage": stage,
             "reduce_bucket_size": 2000,
             "stage3_param_persistence_threshold": 0,
+            **(zero or {}),
         },
         "steps_per_print": 1000,
     }
@@ -105,4 +113,6 @@ def train_gpt(stage: int, steps: int = 3) -> dict:
         losses.append(float(loss.detach()))
     with GatheredParameters(list(engine.module.parameters())):
         params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
-    return {"params": params, "losses": losses}
+    hooks = getattr(engine.strategy, "hooks", None)
+    stats = dict(hooks.coordinator.stats) if hooks is not None else {}
+    return {"params": params, "losses": losses, "stats": stats}

@@ -1,0 +1,76 @@
+"""The full model weights in the training dtype, for the engine's save_16bit_model and the
+_zero3_consolidated_16bit_state_dict that the HF Trainer and Accelerate save through.
+
+[Note: consolidated weights]
+Stages 0-2 keep every parameter whole on every rank, so the module's own state_dict is the full
+model. A strategy that partitions parameters (stage 3) provides
+`gathered_state_dict(exclude_frozen: bool) -> dict | None`: a collective every rank enters,
+returning the full state dict on rank 0 and None elsewhere; when the engine's strategy has it,
+it is used instead. Either way rank 0 gets cloned tensors (a view into a flat ZeRO buffer would
+otherwise drag the whole buffer into the file) and the other ranks None, as upstream.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.utils.logging import logger
+
+from .clone import clone_tensors_for_torch_save
+
+
+def consolidated_state_dict(
+    engine: Any, exclude_frozen_parameters: bool = False
+) -> dict[str, torch.Tensor] | None:
+    """Every rank must call this (stage 3 gathers); rank 0 gets the state dict."""
+    gather = getattr(engine.strategy, "gathered_state_dict", None)
+    if gather is not None:
+        return gather(exclude_frozen_parameters)
+    if comm.get_rank() != 0:
+        return None
+    sd = engine.module.state_dict()
+    if exclude_frozen_parameters:
+        frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
+        sd = {k: v for k, v in sd.items() if k not in frozen}
+    return clone_tensors_for_torch_save(sd)
+
+
+def gathers_on_save(engine: Any) -> bool:
+    """Whether a stage-3 engine may gather full weights for saving (the config's
+    stage3_gather_16bit_weights_on_model_save); stages 0-2 always hold them."""
+    return engine.zero_optimization_stage() < 3 or engine.zero_gather_16bit_weights_on_model_save()
+
+
+def save_16bit_model(
+    engine: Any,
+    save_dir: str | Path,
+    save_filename: str = "pytorch_model.bin",
+    exclude_frozen_parameters: bool = False,
+) -> bool:
+    """Write the weights to save_dir/save_filename on rank 0 (.safetensors by that suffix);
+    False, with nothing written, at stage 3 without stage3_gather_16bit_weights_on_model_save."""
+    if not gathers_on_save(engine):
+        logger.warning(
+            "save_16bit_model: nothing saved: set zero_optimization."
+            "stage3_gather_16bit_weights_on_model_save to true to gather ZeRO-3 weights, or "
+            "save a checkpoint and consolidate it with zero_to_fp32"
+        )
+        return False
+    state = consolidated_state_dict(engine, exclude_frozen_parameters)
+    if comm.get_rank() == 0:
+        assert state is not None
+        path = Path(save_dir) / save_filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".safetensors":
+            from safetensors.torch import save_file
+
+            save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+        else:
+            torch.save(state, path)
+        logger.info(f"saved model weights to {path}")
+    comm.barrier()
+    return True

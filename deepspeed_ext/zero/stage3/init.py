@@ -1,0 +1,217 @@
+"""deepspeed.zero.Init: build a model already partitioned.
+
+[Note: zero.Init]
+Inside the context every nn.Module subclass's __init__ is wrapped: when an object's outermost
+__init__ returns (its constructor has created and initialized its own parameters), the
+parameters not yet partitioned are broadcast from rank 0 (so every rank starts equal) and
+partitioned. A model therefore never exists whole: at most one module's own parameters are
+full at a time. Classes defined inside the context are wrapped as they are created
+(__init_subclass__). On exit every wrapper is removed or, for classes created inside, made
+inert. Parameters a parent creates or re-ties after its children are built (tied weights)
+are the same Parameter objects, already partitioned, or new ones partitioned with the parent.
+`module.apply(fn)` (how models re-initialize weights after construction) runs fn on each
+module with its own parameters gathered, rank 0's result broadcast and re-partitioned;
+other changes after construction need GatheredParameters(..., modifier_rank=0).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.comm import broadcast, get_rank, get_world_size, init_distributed, is_initialized
+
+from .param import convert, is_zero_param
+
+_DEFAULT_PERSISTENCE = 100_000
+# Upstream's Init redirects tensor constructors through this wrapper; transformers'
+# prevent_arange_dtype_change swaps the wrapper and compares against the original arange.
+# Our Init leaves constructors alone (buffers keep the dtype and device their module gives
+# them; parameters are cast and moved as they are partitioned), so these exist for them.
+_orig_torch_arange = torch.arange
+
+
+def zero_wrapper_for_fp_tensor_constructor(
+    fn: Any, target_fp_dtype: torch.dtype | None = None, target_device: Any = None
+) -> Any:
+    """fn with floating results cast to target_fp_dtype, placed on target_device."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("device") is None and target_device is not None:
+            kwargs["device"] = target_device
+        out = fn(*args, **kwargs)
+        if target_fp_dtype is not None and out.is_floating_point():
+            out = out.to(target_fp_dtype)
+        return out
+
+    return wrapped
+
+
+_active: list[Init] = []
+
+
+def _all_subclasses(cls: type) -> list[type]:
+    out: list[type] = []
+    stack: list[type] = [cls]
+    while stack:
+        subs: list[type] = stack.pop().__subclasses__()
+        for sub in subs:
+            out.append(sub)
+            stack.append(sub)
+    return out
+
+
+def _read_config(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return config
+    if isinstance(config, (str, Path)):
+        return dict(json.loads(Path(config).read_text()))
+    to_dict = getattr(config, "to_dict", None)
+    return dict(to_dict()) if callable(to_dict) else {}
+
+
+class Init:
+    def __init__(
+        self,
+        module: torch.nn.Module | None = None,
+        data_parallel_group: Any = None,
+        mem_efficient_linear: bool = True,
+        remote_device: str | None = None,
+        pin_memory: bool = False,
+        config_dict_or_path: Any = None,
+        config: Any = None,
+        enabled: bool = True,
+        dtype: torch.dtype | None = None,
+        mpu: Any = None,
+        **unused: Any,
+    ) -> None:
+        self.enabled = enabled
+        if not enabled:
+            return
+        if data_parallel_group is not None or mpu is not None:
+            raise NotImplementedError(
+                "zero.Init(data_parallel_group=/mpu=): partitioning over a sub-group arrives "
+                "with model parallelism; partition over the whole world for now"
+            )
+        cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
+        zero = cfg.get("zero_optimization") or {}
+        short = zero.get("param_persistence_threshold", _DEFAULT_PERSISTENCE)
+        self.persistence = int(zero.get("stage3_param_persistence_threshold", short))
+        offload = (zero.get("offload_param") or {}).get("device", "none")
+        remote = remote_device if remote_device is not None else offload
+        self.shard_device = (
+            torch.device("cpu") if str(remote).lower() in ("cpu", "nvme") else self._device()
+        )
+        self.pin_memory = pin_memory
+        self.dtype = dtype or self._config_dtype(cfg)
+        if not is_initialized():
+            init_distributed(verbose=False)
+        self.rank, self.world = get_rank(), get_world_size()
+        self._patched: list[tuple[type, Any]] = []
+        if module is not None:
+            self.partition_module(module)
+
+    @staticmethod
+    def _device() -> torch.device:
+        acc = get_accelerator()
+        on_cpu = acc.device_name() == "cpu"
+        return torch.device("cpu") if on_cpu else acc.device(acc.current_device())
+
+    @staticmethod
+    def _config_dtype(cfg: dict[str, Any]) -> torch.dtype | None:
+        if (cfg.get("fp16") or {}).get("enabled") is True:
+            return torch.float16
+        if (cfg.get("bf16") or cfg.get("bfloat16") or {}).get("enabled") is True:
+            return torch.bfloat16
+        return None
+
+    # -- partitioning --
+    @torch.no_grad()
+    def partition_module(self, module: torch.nn.Module) -> None:
+        p: Any
+        for name, p in module.named_parameters():
+            if is_zero_param(p):
+                continue
+            p.ds_name = f"{type(module).__name__}.{name}"  # the engine renames it by model path
+            full = p.data.to(self._device(), dtype=self.dtype or p.dtype)
+            if self.world > 1:
+                broadcast(full, src=0)
+            p.data = full
+            persist = p.numel() <= self.persistence
+            convert(p, self.rank, self.world, self.shard_device, full.device, persist)
+            if self.pin_memory and self.shard_device.type == "cpu" and full.device.type != "cpu":
+                p.ds_tensor = p.ds_tensor.pin_memory()
+
+    # -- the context --
+    def __enter__(self) -> Init:
+        if not self.enabled:
+            return self
+        _active.append(self)
+        for cls in [torch.nn.Module, *_all_subclasses(torch.nn.Module)]:
+            self._wrap(cls)
+        original = torch.nn.Module.__dict__.get("__init_subclass__")
+        self._patched.append((torch.nn.Module, ("__init_subclass__", original)))
+
+        def init_subclass(cls: Any, **kwargs: Any) -> None:
+            super(torch.nn.Module, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
+            if _active:
+                _active[-1]._wrap(cls)
+
+        torch.nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+        self._patched.append((torch.nn.Module, ("apply", torch.nn.Module.__dict__["apply"])))
+        torch.nn.Module.apply = _gathering_apply(torch.nn.Module.__dict__["apply"])  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if not self.enabled:
+            return
+        for cls, (attr, original) in reversed(self._patched):
+            if original is None:
+                delattr(cls, attr)
+            else:
+                setattr(cls, attr, original)
+        self._patched.clear()
+        _active.remove(self)
+
+    def _wrap(self, cls: type) -> None:
+        original = cls.__dict__.get("__init__")
+        if original is None or getattr(original, "_z3_wrapped", False):
+            return
+
+        @functools.wraps(original)
+        def init(obj: Any, *args: Any, **kwargs: Any) -> None:
+            depth = obj.__dict__.get("_z3_init_depth", 0)
+            object.__setattr__(obj, "_z3_init_depth", depth + 1)
+            try:
+                original(obj, *args, **kwargs)
+            finally:
+                object.__setattr__(obj, "_z3_init_depth", depth)
+            if depth == 0 and _active:
+                _active[-1].partition_module(obj)
+
+        init._z3_wrapped = True  # type: ignore[attr-defined]
+        cls.__init__ = init  # type: ignore[misc]
+        self._patched.append((cls, ("__init__", original)))
+
+
+def _gathering_apply(original: Any) -> Any:
+    @functools.wraps(original)
+    def apply(self: torch.nn.Module, fn: Any) -> torch.nn.Module:
+        from .gathered import GatheredParameters
+
+        def gathered_fn(m: torch.nn.Module) -> None:
+            own = [p for p in m.parameters(recurse=False) if is_zero_param(p)]
+            with GatheredParameters(own, modifier_rank=0, enabled=bool(own)):
+                fn(m)
+
+        return original(self, gathered_fn)
+
+    return apply

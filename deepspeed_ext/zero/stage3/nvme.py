@@ -1,0 +1,163 @@
+"""ZeRO-Infinity's NVMe tier for stage 3: parameter shards and optimizer state on files.
+
+[Note: stage-3 NVMe offload]
+- offload_param {device: nvme}: each rank's shard of a non-persistent parameter lives in a
+  swap file once the first max_in_cpu elements of shards stay in CPU memory; `ds_tensor` is
+  then an empty placeholder and `ds_swap` reads the shard back for a gather (read_shard) or
+  writes a new one after the optimizer step (write_shard).
+- offload_optimizer {device: nvme}: the fp32 master shards and their optimizer state (Adam's
+  m and v) live in swap files between steps. The step runs in sub-groups of at most
+  sub_group_size elements: swap a sub-group in, step only its parameters, write the new
+  values into the parameter shards, swap it out; CPU memory holds one sub-group's states at
+  a time (the gradients stay in CPU memory).
+Swap files are named by ds_id and master index, under <nvme_path>/zero_stage_3/<tag>/rank<r>.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from deepspeed_ext.zero.offload.nvme import NVMeSwapper
+
+from .param import write_shard
+
+
+class ParamSwap:
+    """A parameter shard's home on NVMe (see [Note: stage-3 NVMe offload])."""
+
+    def __init__(self, swapper: NVMeSwapper) -> None:
+        self.swapper = swapper
+
+    @staticmethod
+    def _key(p: Any) -> str:
+        return f"param{p.ds_id}"
+
+    def attach(self, p: Any) -> None:
+        self.swapper.swap_out(self._key(p), p.ds_tensor)
+        p.ds_tensor = torch.empty(0, dtype=p.ds_tensor.dtype)
+        p.ds_swap = self
+
+    def fetch(self, p: Any) -> torch.Tensor:
+        out = torch.empty(p.ds_shard_numel, dtype=p.dtype)
+        self.swapper.swap_in(self._key(p), out)
+        return out
+
+    def store(self, p: Any, value: torch.Tensor) -> None:
+        self.swapper.swap_out(self._key(p), value.contiguous())
+
+
+def offload_params(params: list[Any], swapper: NVMeSwapper, max_in_cpu: int) -> int:
+    """Swap out the shards past the first max_in_cpu elements; returns how many went."""
+    swap, kept, moved = ParamSwap(swapper), 0, 0
+    for p in params:
+        if p.ds_persist or p.ds_swap is not None:
+            continue
+        if kept + p.ds_shard_numel <= max_in_cpu:
+            kept += p.ds_shard_numel
+            continue
+        swap.attach(p)
+        moved += 1
+    return moved
+
+
+class OptimizerSwap:
+    """Masters and their optimizer state on NVMe, stepped in sub-groups."""
+
+    def __init__(self, swapper: NVMeSwapper, sub_group_numel: int) -> None:
+        self.swapper = swapper
+        self.sub_group_numel = max(1, sub_group_numel)
+        self.masters: list[torch.Tensor] = []
+        self.params: list[Any] = []  # the model parameter of each master
+
+    def attach(self, optimizer: Any, params: list[Any], masters: list[torch.Tensor]) -> None:
+        self.optimizer, self.params, self.masters = optimizer, params, masters
+        for i, m in enumerate(masters):
+            self.swapper.swap_out(f"master{i}", m.data)
+            m.data = torch.empty(0, dtype=m.dtype)
+
+    # -- moving one master and its state --
+    def _state_tensors(self, m: torch.Tensor) -> dict[str, torch.Tensor]:
+        st = self.optimizer.state.get(m, {})
+        return {k: v for k, v in st.items() if torch.is_tensor(v) and k != "step" and v.dim()}
+
+    def _swap_in(self, i: int, numel: int) -> None:
+        m = self.masters[i]
+        m.data = torch.empty(numel, dtype=m.dtype)
+        self.swapper.swap_in(f"master{i}", m.data, async_op=True)
+        for k, v in self._state_tensors(m).items():
+            full = torch.empty(numel, dtype=v.dtype)
+            self.swapper.swap_in(f"master{i}.{k}", full, async_op=True)
+            self.optimizer.state[m][k] = full
+
+    def _swap_out(self, i: int) -> None:
+        m = self.masters[i]
+        self.swapper.swap_out(f"master{i}", m.data, async_op=True)
+        for k, v in self._state_tensors(m).items():
+            self.swapper.swap_out(f"master{i}.{k}", v, async_op=True)
+
+    def _drop(self, i: int) -> None:
+        m = self.masters[i]
+        for k, v in self._state_tensors(m).items():
+            self.optimizer.state[m][k] = torch.empty(0, dtype=v.dtype)
+        m.data = torch.empty(0, dtype=m.dtype)
+
+    def _sub_groups(self) -> Iterator[list[int]]:
+        group: list[int] = []
+        size = 0
+        for i, p in enumerate(self.params):
+            if group and size + p.ds_shard_numel > self.sub_group_numel:
+                yield group
+                group, size = [], 0
+            group.append(i)
+            size += p.ds_shard_numel
+        if group:
+            yield group
+
+    # -- the step --
+    @torch.no_grad()
+    def step(self, grad_of: Callable[[int], torch.Tensor]) -> None:
+        """optimizer.step() one sub-group at a time, master i getting grad_of(i) (a master's
+        grad must match its size, so it is attached once swapped in); the new values go to
+        the shards."""
+        opt = self.optimizer
+        all_params = [list(g["params"]) for g in opt.param_groups]
+        try:
+            for sub in self._sub_groups():
+                for i in sub:
+                    self._swap_in(i, self.params[i].ds_shard_numel)
+                self.swapper.wait()
+                for i in sub:
+                    self.masters[i].grad = grad_of(i)
+                chosen = {id(self.masters[i]) for i in sub}
+                for g, ps in zip(opt.param_groups, all_params):
+                    g["params"] = [m for m in ps if id(m) in chosen]
+                opt.step()
+                for i in sub:
+                    self.masters[i].grad = None
+                    write_shard(self.params[i], self.masters[i].data)
+                    self._swap_out(i)
+                self.swapper.wait()
+                for i in sub:
+                    self._drop(i)
+        finally:
+            for g, ps in zip(opt.param_groups, all_params):
+                g["params"] = ps
+
+    @contextmanager
+    def resident(self) -> Iterator[None]:
+        """Every master and state in memory (a checkpoint save or load); swapped out after."""
+        for i, p in enumerate(self.params):
+            self._swap_in(i, p.ds_shard_numel)
+        self.swapper.wait()
+        try:
+            yield
+        finally:
+            for i in range(len(self.masters)):
+                self._swap_out(i)
+            self.swapper.wait()
+            for i in range(len(self.masters)):
+                self._drop(i)

@@ -1,0 +1,166 @@
+"""Runs for the zero.Init / GatheredParameters tests (importable by spawned ranks)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from examples.gpt import GPT, GPTConfig
+
+SMALL = GPTConfig(vocab_size=32, seq_len=16, n_layer=2, n_head=2, d_model=32)
+CFG: dict[str, Any] = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+    "steps_per_print": 1000,
+}
+
+
+def _z3(threshold: int = 0) -> dict[str, Any]:
+    zero = {"stage": 3, "stage3_param_persistence_threshold": threshold}
+    return {**CFG, "zero_optimization": zero}
+
+
+def _train(engine: Any, steps: int = 3) -> list[float]:
+    g = torch.Generator().manual_seed(100 + int(os.environ["RANK"]))
+    losses = []
+    for _ in range(steps):
+        idx = torch.randint(0, 32, (2, 17), generator=g)
+        loss = engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    with GatheredParameters(list(model.parameters())):
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def build_under_init(d_model: int = 32, n_layer: int = 2) -> dict:
+    """Per-rank parameter bytes of a model built under zero.Init, and its gathered weights."""
+    from deepspeed_ext.comm import init_distributed
+    from deepspeed_ext.zero.stage3 import Init
+
+    init_distributed(verbose=False)
+    torch.manual_seed(int(os.environ["RANK"]))  # ranks draw differently: Init must unify
+    cfg = GPTConfig(vocab_size=32, seq_len=16, n_layer=n_layer, n_head=2, d_model=d_model)
+    with Init(config_dict_or_path=_z3()):
+        model = GPT(cfg)
+    local = sum(p.ds_tensor.numel() + p.data.numel() for p in model.parameters())
+    full = sum(p.ds_numel for p in model.parameters())
+    return {"local": local, "full": full, "weights": full_state(model)}
+
+
+def train_init_stage3() -> dict:
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import Init
+
+    torch.manual_seed(0)
+    with Init(config_dict_or_path=_z3()):
+        model = GPT(SMALL)
+    start = full_state(model)
+    engine, _, _, _ = initialize(model=model, config=_z3())
+    losses = _train(engine)
+    return {"start": start, "losses": losses, "params": full_state(engine.module)}
+
+
+def train_plain_stage0(start: dict[str, torch.Tensor]) -> dict:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    model = GPT(SMALL)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(start[n])
+    engine, _, _, _ = initialize(model=model, config=CFG)
+    losses = _train(engine)
+    params = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {"losses": losses, "params": params}
+
+
+def modify_and_scatter() -> dict:
+    """Rank 1 writes new values inside GatheredParameters(modifier_rank=1); after the block
+    every rank's shard holds them, and a training step starts from them."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    torch.manual_seed(0)
+    model = GPT(SMALL)
+    # bf16: the fp32 master is a separate tensor (in fp32 it is the shard itself)
+    engine, _, _, _ = initialize(model=model, config={**_z3(), "bf16": {"enabled": True}})
+    w = engine.module.blocks[0].qkv.weight
+    rank = int(os.environ["RANK"])
+    with GatheredParameters([w], modifier_rank=1):
+        if rank == 1:
+            w.data.fill_(0.5)
+    after = full_state(engine.module)["blocks.0.qkv.weight"].float()
+    opt_master = engine.strategy.master_of(w).clone()
+    return {"after": after, "master": opt_master, "shard": w.ds_tensor.float(), "empty": w.numel()}
+
+
+def extra_forward_on_rank0() -> dict:
+    """Rank 0 runs an evaluation forward the others do not: a rank-divergence bug."""
+    import time
+
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3.coordinator import RankDivergenceError
+
+    torch.manual_seed(0)
+    engine, _, _, _ = initialize(model=GPT(SMALL), config=_z3())
+    rank = int(os.environ["RANK"])
+    idx = torch.randint(0, 32, (2, 17))
+    x, y = idx[:, :-1].contiguous(), idx[:, 1:].contiguous()
+    start = time.monotonic()
+    try:
+        for _ in range(2):
+            loss = engine(x, y)
+            if rank == 0:
+                with torch.no_grad():
+                    engine(x, y)
+            engine.backward(loss)
+            engine.step()
+    except RankDivergenceError as exc:
+        return {"error": str(exc), "seconds": time.monotonic() - start}
+    return {"error": None, "seconds": time.monotonic() - start}
+
+
+def strict_access() -> dict:
+    """DS_ZERO3_STRICT=1: training works; reading a released parameter raises, naming it."""
+    os.environ["DS_ZERO3_STRICT"] = "1"
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+    from deepspeed_ext.zero.stage3.strict import PartitionedParameterAccessError
+
+    torch.manual_seed(0)
+    engine, _, _, _ = initialize(model=GPT(SMALL), config=_z3())
+    losses = _train(engine, 2)
+    w = engine.module.blocks[0].qkv.weight
+    try:
+        float(w.sum())
+        error = None
+    except PartitionedParameterAccessError as exc:
+        error = str(exc)
+    with GatheredParameters([w]):
+        inside = float(w.float().abs().sum())
+    return {"losses": losses, "error": error, "inside": inside}
+
+
+def save_16bit(save_dir: str) -> dict:
+    """Stage 3, bf16: save_16bit_model writes the full weights (rank 0)."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    torch.manual_seed(0)
+    cfg = {**_z3(), "bf16": {"enabled": True}}
+    cfg["zero_optimization"]["stage3_gather_16bit_weights_on_model_save"] = True
+    engine, _, _, _ = initialize(model=GPT(SMALL), config=cfg)
+    _train(engine, 1)
+    ok = engine.save_16bit_model(save_dir)
+    sd = engine._zero3_consolidated_16bit_state_dict()
+    live = full_state(engine.module)
+    numel = sum(p.ds_numel for p in engine.module.parameters())
+    return {"ok": ok, "sd": sd, "live": live, "numel": numel}
