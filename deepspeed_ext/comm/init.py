@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import datetime
 from typing import Any
 
@@ -71,6 +72,18 @@ def init_distributed(
         world_size=env.world_size,
     )
     _env = env
+    # A process group left to interpreter teardown can abort the rank ("terminate called
+    # without an active exception": gloo's threads destroyed while joinable, seen after ZeRO
+    # runs); the group we created is destroyed in order at exit instead.
+    atexit.register(_destroy_at_exit)
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_initialized():
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
+            pass
 
 
 def _local_rank_guess() -> int:

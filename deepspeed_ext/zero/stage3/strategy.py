@@ -55,6 +55,7 @@ class Stage3Strategy:
         self.options = options
         self.module = module
         self.names = {id(p): n for n, p in module.named_parameters()}
+        self._check_nvme_paths(module, model_groups)  # before anything is partitioned
         self._partition_all(module, device)
         self.swappers: list[Any] = []
         self.optimizer_swap: Any = None
@@ -103,11 +104,29 @@ class Stage3Strategy:
                 persistent_left -= p.numel()
             convert(p, self.rank, self.world, shard_device, device, persist)
 
+    def _check_nvme_paths(self, module: torch.nn.Module, groups: list[dict[str, Any]]) -> None:
+        """An unusable nvme_path (not a writable directory, too little free space for this
+        rank's share) is an error naming the key, raised before the model is touched."""
+        from deepspeed_ext.zero.offload.nvme import check_nvme_path
+
+        def shard(p: Any) -> int:
+            return p.ds_shard_numel if is_zero_param(p) else -(-p.numel() // self.world)
+
+        o = self.options
+        if o.param_offload == "nvme":
+            need = sum(shard(p) * p.element_size() for p in module.parameters())
+            key = "zero_optimization.offload_param.nvme_path"
+            check_nvme_path(str(o.param_nvme_path), need, key)
+        if o.optimizer_offload == "nvme":
+            trainable = [p for g in groups for p in g["params"] if p.requires_grad]
+            need = 12 * sum(shard(p) for p in trainable)  # fp32 master + two moments
+            key = "zero_optimization.offload_optimizer.nvme_path"
+            check_nvme_path(str(o.optimizer_nvme_path), need, key)
+
     def _swapper(self, path: str | None, tag: str, needed_bytes: int, key: str) -> Any:
-        from deepspeed_ext.zero.offload.nvme import NVMeSwapper, check_nvme_path
+        from deepspeed_ext.zero.offload.nvme import NVMeSwapper
 
         assert path, f"{key} is required with device 'nvme'"  # the config checks said so
-        check_nvme_path(path, needed_bytes, key)
         swapper = NVMeSwapper(path, self.rank, tag, self.options.aio)
         self.swappers.append(swapper)
         return swapper

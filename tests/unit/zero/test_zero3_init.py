@@ -1,6 +1,7 @@
 """zero.Init builds models partitioned (~1/N of the parameters per rank, equal on every
 rank); GatheredParameters gathers, and scatters back what modifier_rank changed."""
 
+import pytest
 import torch
 
 from tests.helpers.distributed import run_ranks
@@ -72,3 +73,13 @@ def test_save_16bit_model_writes_the_full_weights(tmp_path):
     assert payload >= out[0]["numel"] * 2
     assert payload <= path.stat().st_size <= payload + 64 * 1024
     assert all(v.numel() for v in saved.values()), "no empty (partitioned) tensor in the file"
+
+
+@pytest.mark.parametrize("section", ["offload_param", "offload_optimizer"])
+def test_unusable_nvme_path_is_an_error_at_initialize(section, tmp_path):
+    a_file = tmp_path / "not_a_dir"
+    a_file.write_text("x")
+    msg = run_ranks(runs.bad_nvme_path, 1, str(a_file), section, None)[0]
+    assert f"zero_optimization.{section}.nvme_path" in msg and "not a directory" in msg, msg
+    msg = run_ranks(runs.bad_nvme_path, 1, str(tmp_path / "nvme"), section, 1000)[0]
+    assert f"zero_optimization.{section}.nvme_path" in msg and "GB free" in msg, msg

@@ -164,3 +164,25 @@ def save_16bit(save_dir: str) -> dict:
     live = full_state(engine.module)
     numel = sum(p.ds_numel for p in engine.module.parameters())
     return {"ok": ok, "sd": sd, "live": live, "numel": numel}
+
+
+def bad_nvme_path(path: str, section: str, fake_free: int | None) -> str:
+    """initialize with an NVMe offload section whose path is unusable: the error text."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.offload import nvme
+
+    if fake_free is not None:  # a nearly full disk
+        real = os.statvfs
+
+        class Full:
+            def __init__(self, st: Any) -> None:
+                self.f_bavail, self.f_frsize = fake_free, 1
+
+        nvme.os.statvfs = lambda p: Full(real(p))  # type: ignore[attr-defined]
+    zero = _z3()["zero_optimization"]
+    zero[section] = {"device": "nvme", "nvme_path": path}
+    try:
+        initialize(model=GPT(SMALL), config={**CFG, "zero_optimization": zero})
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
