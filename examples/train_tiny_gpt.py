@@ -6,8 +6,9 @@
 Run plainly, it relaunches itself through the `deepspeed` launcher. Each rank trains on its
 own shard of micro-batches; the engine averages gradients across ranks, steps DeepSpeedCPUAdam
 (FusedAdam on GPUs), follows a WarmupDecayLR schedule, and prints a metrics line every
-`steps_per_print` steps. Rank 0 evaluates on held-out text, saves a checkpoint (atomic: temp
-dir, fsync, rename) and a loss-curve PNG.
+`steps_per_print` steps. Every rank evaluates on held-out text (ZeRO 3 gathers parameters
+from all ranks in a forward); rank 0 reports, and a checkpoint (atomic: temp dir, fsync,
+rename) and a loss-curve PNG are written.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def main() -> None:
     ap.add_argument("--grad-accum", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2))
+    ap.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2, 3))
     ap.add_argument("--print-every", type=int, default=25)
     ap.add_argument("--out", default="examples/out")
     ap.add_argument("--seed", type=int, default=0)
@@ -93,7 +94,7 @@ def main() -> None:
     cfg.vocab_size = train.vocab_size
     engine, _, _, _ = deepspeed.initialize(model=GPT(cfg), config=ds_config(args))
     rank, world = engine.rank, engine.world_size
-    n_params = sum(p.numel() for p in engine.module.parameters())
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
     if rank == 0:
         print(
             f"GPT {cfg.n_layer} layers, d_model {cfg.d_model}, {n_params / 1e6:.2f}M params; "
@@ -101,7 +102,8 @@ def main() -> None:
             f"{engine.train_batch_size()} samples/step; corpus {len(text) / 1e3:.0f}K chars",
             flush=True,
         )
-    first_eval = evaluate(engine.module, val) if rank == 0 else 0.0
+    # every rank evaluates: with ZeRO 3 a forward gathers parameters from all ranks
+    first_eval = evaluate(engine.module, val)
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)  # each rank its own shard
     losses: list[float] = []
     t0 = time.perf_counter()
@@ -115,8 +117,8 @@ def main() -> None:
 
     out = Path(args.out)
     engine.save_checkpoint(str(out / "checkpoints"), client_state={"seed": args.seed})
+    final_eval = evaluate(engine.module, val)
     if rank == 0:
-        final_eval = evaluate(engine.module, val)
         smooth = [
             sum(losses[max(0, i - 9) : i + 1]) / len(losses[max(0, i - 9) : i + 1])
             for i in range(len(losses))
