@@ -15,7 +15,7 @@ import torch
 
 from deepspeed_ext.comm import all_gather_bucket, get_rank, get_world_size
 
-from .param import ZeroParamStatus, is_zero_param, read_shard, release, set_full
+from .param import ZeroParamStatus, ensure_storage, is_zero_param, read_shard, release, set_full
 
 LONE_NUMEL = 1 << 20
 
@@ -34,19 +34,18 @@ class GatherHandle:
         world = get_world_size()
         for work, recv, params in self.jobs:
             work.wait()
-            if len(params) == 1:
-                p = params[0]
-                set_full(p, recv[: p.ds_numel])
-                p.ds_handle = None
+            if len(params) == 1 and recv is params[0].ds_flat:  # gathered in place
+                set_full(params[0])
+                params[0].ds_handle = None
                 continue
             total = recv.numel() // world
             rows = recv.view(world, total)
             off = 0
             for p in params:
                 s = p.ds_shard_numel
-                full = torch.empty(p.ds_numel, dtype=recv.dtype, device=recv.device)
-                copy_rows(full, rows[:, off : off + s])
-                set_full(p, full)
+                ensure_storage(p)
+                copy_rows(p.ds_flat[: p.ds_numel], rows[:, off : off + s])
+                set_full(p)
                 p.ds_handle = None
                 off += s
         self.jobs.clear()
@@ -92,7 +91,11 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
         for batch in [[p] for p in lone] + ([shared] if shared else []):
             device = batch[0].ds_device
             send = torch.cat([read_shard(p).to(device, non_blocking=True) for p in batch])
-            recv = torch.empty(world * send.numel(), dtype=send.dtype, device=device)
+            if len(batch) == 1:  # straight into the parameter's own buffer
+                ensure_storage(batch[0])
+                recv = batch[0].ds_flat
+            else:
+                recv = torch.empty(world * send.numel(), dtype=send.dtype, device=device)
             handle.jobs.append((all_gather_bucket(recv, send), recv, batch))
             for p in batch:
                 p.ds_status = ZeroParamStatus.INFLIGHT

@@ -4,9 +4,12 @@
 Every parameter keeps its identity (modules, optimizers and user code hold the same object);
 only its `.data` changes. A parameter of N elements on W ranks is cut into W equal flat shards
 of S = ceil(N / W) elements, the last one zero-padded; rank r keeps shard r as `ds_tensor`.
-While released, `.data` is an empty tensor of the same dtype; while gathered, it is the full
-tensor. Autograd's saved references point at the parameter itself, so a parameter gathered
-again before its module's backward is what backward reads.
+While released, `.data` is an empty tensor of the same dtype; while gathered, it is a view of
+`ds_flat` ([W*S], the all-gather's own output, so a big parameter needs no copy). Releasing
+also resizes ds_flat's storage to 0 bytes, and gathering resizes it back: autograd saves
+views of the weight (`weight.t()` for a linear), which keep that one storage alive, so the
+memory is really freed between forward and backward, and the re-gather before the module's
+backward refills exactly what backward reads (FSDP2 frees the same way).
 
 Attributes (upstream's names, which transformers and accelerate read):
   ds_id      int, unique per process, equal across ranks (construction order)
@@ -80,10 +83,13 @@ def convert(
     p.ds_active = 0  # type: ignore[attr-defined]  # open forwards and gathers using it
     p.ds_handle = None  # type: ignore[attr-defined]  # the all-gather in flight, if INFLIGHT
     p.ds_name = getattr(p, "ds_name", f"ds_id {p.ds_id}")  # type: ignore[attr-defined]
+    new_flat(p, compute_device, full.dtype, world)
+    p.ds_status = ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
     if persist:
-        set_full(p, full)
+        ensure_storage(p)
+        p.ds_flat[: p.ds_numel].copy_(full.reshape(-1))  # type: ignore[attr-defined]
+        set_full(p)
     else:
-        p.ds_status = ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
         p.data = empty_like_param(full)
     _bind_methods(p)
     from .strict import enabled, make_strict
@@ -106,15 +112,30 @@ def write_shard(p: Any, value: torch.Tensor) -> None:
         p.ds_tensor.copy_(value)
 
 
-def set_full(p: torch.nn.Parameter, full: torch.Tensor) -> None:
-    p.data = full.view(p.ds_shape)  # type: ignore[attr-defined]
-    p.ds_status = ZeroParamStatus.AVAILABLE  # type: ignore[attr-defined]
+def new_flat(p: Any, device: torch.device, dtype: torch.dtype, world: int) -> None:
+    """A [W*S] gather buffer whose storage holds nothing until the first gather."""
+    p.ds_flat = torch.empty(world * p.ds_shard_numel, dtype=dtype, device=device)
+    p.ds_flat.untyped_storage().resize_(0)
+
+
+def ensure_storage(p: Any) -> None:
+    storage = p.ds_flat.untyped_storage()
+    need = p.ds_flat.numel() * p.ds_flat.element_size()
+    if storage.nbytes() < need:
+        storage.resize_(need)
+
+
+def set_full(p: Any) -> None:
+    """The gathered value (in ds_flat) becomes the parameter's data."""
+    p.data = p.ds_flat[: p.ds_numel].view(p.ds_shape)
+    p.ds_status = ZeroParamStatus.AVAILABLE
 
 
 def release(p: torch.nn.Parameter) -> None:
     """Drop the full value (the shard stays): the memory of a released parameter is 1/W."""
     if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE:  # type: ignore[attr-defined]
         p.data = empty_like_param(p.data)
+        p.ds_flat.untyped_storage().resize_(0)  # type: ignore[attr-defined]
         p.ds_status = ZeroParamStatus.NOT_AVAILABLE  # type: ignore[attr-defined]
 
 

@@ -16,7 +16,16 @@ from deepspeed_ext.comm import all_reduce_sum_, get_rank, get_world_size
 from ..norms import sum_of_squares
 from .gather import gather_params, release_params
 from .hooks import ModuleHooks
-from .param import ZeroParamStatus, convert, is_zero_param, read_shard, write_shard
+from .param import (
+    ZeroParamStatus,
+    convert,
+    ensure_storage,
+    is_zero_param,
+    new_flat,
+    read_shard,
+    set_full,
+    write_shard,
+)
 from .reduce import Stage3Reducer
 
 
@@ -32,6 +41,7 @@ class Stage3Options:
         self.param_offload = str(off.device) if off is not None else "none"
         self.param_nvme_path = getattr(off, "nvme_path", None)
         self.max_in_cpu = int(getattr(off, "max_in_cpu", 0))
+        self.pin_memory = bool(getattr(off, "pin_memory", False))
         opt = zero_cfg.offload_optimizer
         self.optimizer_offload = str(opt.device) if opt is not None else "none"
         self.optimizer_nvme_path = getattr(opt, "nvme_path", None)
@@ -103,6 +113,8 @@ class Stage3Strategy:
             if persist:
                 persistent_left -= p.numel()
             convert(p, self.rank, self.world, shard_device, device, persist)
+            if self.options.pin_memory and shard_device.type == "cpu" and device.type != "cpu":
+                p.ds_tensor = p.ds_tensor.pin_memory()  # host-to-device copies run async
 
     def _check_nvme_paths(self, module: torch.nn.Module, groups: list[dict[str, Any]]) -> None:
         """An unusable nvme_path (not a writable directory, too little free space for this
@@ -185,8 +197,15 @@ class Stage3Strategy:
             p.ds_tensor = p.ds_tensor.to(p.dtype)
         p.ds_tensor = p.ds_tensor.to(shard_device)
         p.ds_device = device
-        if p.ds_status is not ZeroParamStatus.NOT_AVAILABLE:
-            p.data = p.data.to(device, dtype=p.ds_tensor.dtype)
+        dtype = p.ds_tensor.dtype
+        if p.ds_flat.dtype == dtype and p.ds_flat.device == device:
+            return
+        value = p.data.to(device, dtype) if p.ds_status is ZeroParamStatus.AVAILABLE else None
+        new_flat(p, device, dtype, self.world)
+        if value is not None:  # persistent: refill the new buffer
+            ensure_storage(p)
+            p.ds_flat[: p.ds_numel].copy_(value.reshape(-1))
+            set_full(p)
 
     def _new_master(self, p: Any, device: torch.device) -> torch.nn.Parameter:
         # An fp32 shard already where the optimizer runs is its own master (no second copy).
