@@ -1,14 +1,19 @@
 """Benchmark worker: one rank of a 2-rank ZeRO training job on a GPT of examples/gpt.py, for
-bench/zero_step.py. Sibling of ddp_step_worker.py (whose helpers it loads by file path):
+bench/zero_step.py (stages 0-2) and bench/zero3_step.py (stage 3). Sibling of
+ddp_step_worker.py (whose helpers it loads by file path):
 
     --impl ours      deepspeed_ext via `deepspeed.initialize`, config optimizer AdamW,
-                     zero_optimization {stage: --stage[, offload_optimizer: {device: cpu}]};
-                     started by our launcher (deepspeed --num_gpus 2 ...)
+                     zero_optimization {stage: --stage[, offload_optimizer: {device: cpu}]
+                     [, offload_param: {device: cpu}], ...--zero-json}; started by our
+                     launcher (deepspeed --num_gpus 2 ...)
     --impl upstream  UPSTREAM DeepSpeed 0.19.8 with the same config (its venv's python, a cwd
                      outside the repository, DS_ACCELERATOR=cpu); its torch.distributed.run
     --impl zero_redundancy
                      torch DDP (gloo) + torch.distributed.optim.ZeroRedundancyOptimizer over
                      torch.optim.AdamW (torch's stage-1 peer); torch.distributed.run
+    --impl fsdp2     torch FSDP2: fully_shard(each Block) then fully_shard(model) on a CPU
+                     device mesh (gloo), torch.optim.AdamW (the stage-3 peer);
+                     torch.distributed.run
 
 fp32 throughout. Random token batches from a fixed seed per (rank, step), made before the
 clock. Rank 0 times --steps optimizer steps after --warmup untimed ones, between barriers.
@@ -40,9 +45,13 @@ _spec.loader.exec_module(ddw)  # stdlib-only at import time
 
 def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--impl", choices=("ours", "upstream", "zero_redundancy"), required=True)
-    ap.add_argument("--stage", type=int, choices=(0, 1, 2), default=1)
+    ap.add_argument(
+        "--impl", choices=("ours", "upstream", "zero_redundancy", "fsdp2"), required=True
+    )
+    ap.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=1)
     ap.add_argument("--offload", action="store_true", help="offload_optimizer device cpu")
+    ap.add_argument("--offload-param", action="store_true", help="offload_param device cpu")
+    ap.add_argument("--zero-json", default="{}", help="more zero_optimization keys (JSON object)")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--micro-batch", type=int, default=2)
@@ -69,9 +78,11 @@ def _parse() -> argparse.Namespace:
 
 def ds_config(args: argparse.Namespace) -> dict:
     """The one config ours and upstream both get."""
-    zero: dict = {"stage": args.stage}
+    zero: dict = {"stage": args.stage, **json.loads(args.zero_json)}
     if args.offload:
         zero["offload_optimizer"] = {"device": "cpu"}
+    if args.offload_param:
+        zero["offload_param"] = {"device": "cpu"}
     return {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
@@ -102,25 +113,33 @@ def reset_peak() -> bool:
         return False
 
 
+def _local(t):
+    """This rank's part of a tensor: a DTensor's (FSDP2) local shard, else the tensor."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
 def optimizer_bytes(opt, model) -> dict:
     """Bytes of the innermost optimizer's state tensors (AdamW m, v) and of its params that
-    are separate copies (fp32 master partitions), not views of the model's weights."""
+    are separate copies (fp32 master partitions), not views of the model's weights (nor, in
+    stage 3, of their partitions `ds_tensor`); this rank's local shards of DTensors."""
     while getattr(opt, "optimizer", None) is not None or getattr(opt, "optim", None) is not None:
         opt = getattr(opt, "optimizer", None) or opt.optim
     import torch
 
-    model_ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weights = [_local(p) for p in model.parameters()]
+    weights += [p.ds_tensor for p in model.parameters() if hasattr(p, "ds_tensor")]
+    model_ptrs = {w.untyped_storage().data_ptr() for w in weights}
     state = sum(
-        t.numel() * t.element_size()
+        _local(t).numel() * t.element_size()
         for st in opt.state.values()
         for t in st.values()
         if torch.is_tensor(t) and t.numel() > 1
     )
     masters = sum(
-        p.numel() * p.element_size()
+        _local(p).numel() * p.element_size()
         for g in opt.param_groups
         for p in g["params"]
-        if p.untyped_storage().data_ptr() not in model_ptrs
+        if _local(p).untyped_storage().data_ptr() not in model_ptrs
     )
     return {"base_optimizer": type(opt).__name__, "state_bytes": state, "master_bytes": masters}
 
@@ -143,7 +162,7 @@ def main() -> int:
     import torch.distributed as dist
 
     info: dict = {}
-    if args.impl != "zero_redundancy":
+    if args.impl in ("ours", "upstream"):
         import deepspeed
 
         ds_dir = os.path.realpath(os.path.dirname(deepspeed.__file__))
@@ -163,18 +182,30 @@ def main() -> int:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         dist.init_process_group("gloo")
-        ddp = torch.nn.parallel.DistributedDataParallel(model)
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
         opt = ZeroRedundancyOptimizer(
-            ddp.parameters(),
+            wrapped.parameters(),
             optimizer_class=torch.optim.AdamW,
             lr=args.lr,
             weight_decay=args.weight_decay,
         )
         info["optimizer"] = "ZeroRedundancyOptimizer"
+    elif args.impl == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        dist.init_process_group("gloo")
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        wrapped = fully_shard(model, mesh=mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+        info["optimizer"] = "AdamW (FSDP2 fully_shard)"
+    if args.impl in ("zero_redundancy", "fsdp2"):
 
         def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
             opt.zero_grad(set_to_none=True)
-            loss = ddp(x, y)
+            loss = wrapped(x, y)
             loss.backward()
             opt.step()
             return loss
@@ -225,6 +256,8 @@ def main() -> int:
             "impl": args.impl,
             "stage": args.stage,
             "offload": args.offload,
+            "offload_param": args.offload_param,
+            "zero_json": json.loads(args.zero_json),
             "world_size": world,
             "steps": args.steps,
             "warmup": args.warmup,
@@ -241,7 +274,7 @@ def main() -> int:
         }
         json_out.write(RESULT_TAG + json.dumps(out) + "\n")
         json_out.flush()
-    if args.impl == "zero_redundancy" or args.destroy:
+    if args.impl in ("zero_redundancy", "fsdp2") or args.destroy:
         dist.destroy_process_group()
     return 0
 

@@ -18,9 +18,12 @@ ROOT = Path(__file__).resolve().parents[3]
         ("fused_adam.py", ["--smoke"], None),  # prints "skipped" without a GPU
         ("ddp_step.py", ["--smoke", "--no-upstream"], "ddp_step_smoke.json"),  # ~25 s
         ("zero_step.py", ["--smoke", "--no-upstream"], "zero_step_smoke.json"),  # ~35 s
+        ("zero3_step.py", ["--smoke", "--no-upstream"], "zero3_step_smoke.json"),  # ~45 s
+        ("aio.py", ["--smoke", "--dir", "{tmp}"], "aio_smoke.json"),  # ~2 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
+    args = [a.replace("{tmp}", str(tmp_path / "io")) for a in args]
     r = subprocess.run(
         [sys.executable, str(ROOT / "bench" / script), *args],
         capture_output=True,
@@ -50,6 +53,27 @@ def test_bench_smoke(script, args, result, tmp_path):
         ratio = data["ratios"]["stage 1 vs zero_redundancy"]["ours_over_peer_steps_per_s"]
         assert ratio > 0, data["ratios"]
         assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
+    elif result == "zero3_step_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        names = [f"ours stage 3{c}" for c in ("", " partitioned", " + offload")]
+        for name in [*names, "torch FSDP2 fully_shard"]:  # four 2-rank jobs; upstream skipped
+            entry = data["contenders"][name]
+            assert entry["median_steps_per_s"] > 0, entry
+            assert entry["threads_per_rank"] == 1, entry
+            assert len(entry["peak_rss_steady_bytes"]) == 2, entry  # one per rank
+            assert entry["steady_above_base_over_target"] > 0, entry
+        assert data["ratios"]["stage 3 vs fsdp2"]["ours_over_peer_steps_per_s"] > 0
+        fixed = data["contenders"]["ours stage 3 partitioned"]["fixed_mmap"]  # the memory pass
+        assert min(fixed["peak_rss_steady_bytes"]) > 0, fixed
+        assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
+    elif result == "aio_smoke.json":
+        res = json.loads((tmp_path / result).read_text())["results"]
+        assert res["roundtrip_bit_exact"], res
+        for kind in ("write", "read"):
+            assert res["gbps"][kind]["ours"] > 0, res["gbps"]
+            if not res["dd_skipped"]:
+                assert res["ours_over_dd"][kind]["ours"] > 0, res["ours_over_dd"]
+        assert not list((tmp_path / "io").iterdir())  # the bench file is removed
     elif result:
         data = json.loads((tmp_path / result).read_text())
         for case in ("fp32", "bf16"):
