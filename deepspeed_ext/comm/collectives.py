@@ -60,8 +60,10 @@ def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
     return box[0]
 
 
-def new_group(ranks: list[int] | None = None) -> Any:
-    return dist.new_group(ranks) if dist.is_initialized() else None
+def new_group(ranks: list[int] | None = None, backend: str | None = None) -> Any:
+    """Every rank must call it, in the same order. backend="gloo" gives a CPU group beside
+    an NCCL default (small host-side checks)."""
+    return dist.new_group(ranks, backend=backend) if dist.is_initialized() else None
 
 
 def get_backend(group: Any = None) -> str:

@@ -8,6 +8,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+# torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 
 class _Done:
     def wait(self) -> None:
@@ -21,7 +25,7 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
         if out.data_ptr() != bucket.data_ptr():
             out.copy_(bucket)
         return _Done()
-    return dist.reduce_scatter_tensor(out, bucket, group=group, async_op=True)
+    return _REDUCE_SCATTER(out, bucket, group=group, async_op=True)
 
 
 def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = None) -> Any:
@@ -29,7 +33,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         bucket.copy_(chunk)
         return _Done()
-    return dist.all_gather_into_tensor(bucket, chunk, group=group, async_op=True)
+    return _ALL_GATHER(bucket, chunk, group=group, async_op=True)
 
 
 def all_reduce_sum_(t: torch.Tensor, group: Any = None) -> None:

@@ -12,6 +12,7 @@ otherwise drag the whole buffer into the file) and the other ranks None, as upst
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,26 +52,35 @@ def save_16bit_model(
     save_filename: str = "pytorch_model.bin",
     exclude_frozen_parameters: bool = False,
 ) -> bool:
-    """Write the weights to save_dir/save_filename on rank 0 (.safetensors by that suffix);
-    False, with nothing written, at stage 3 without stage3_gather_16bit_weights_on_model_save."""
+    """Write the full weights to save_dir/save_filename on rank 0 (.safetensors by that
+    suffix), atomically: a crash leaves the previous file or none, never a partial one. At
+    stage 3 without stage3_gather_16bit_weights_on_model_save it raises (upstream returns
+    False and logs, and scripts that ignore the result ship no model)."""
     if not gathers_on_save(engine):
-        logger.warning(
-            "save_16bit_model: nothing saved: set zero_optimization."
-            "stage3_gather_16bit_weights_on_model_save to true to gather ZeRO-3 weights, or "
-            "save a checkpoint and consolidate it with zero_to_fp32"
+        raise ValueError(
+            "save_16bit_model: ZeRO stage 3 partitions the weights and zero_optimization."
+            "stage3_gather_16bit_weights_on_model_save is false, so nothing was saved: set it "
+            "to true to gather the 16-bit weights on save, or save_checkpoint() and "
+            "consolidate with zero_to_fp32"
         )
-        return False
     state = consolidated_state_dict(engine, exclude_frozen_parameters)
     if comm.get_rank() == 0:
         assert state is not None
         path = Path(save_dir) / save_filename
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix == ".safetensors":
-            from safetensors.torch import save_file
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            if path.suffix == ".safetensors":
+                from safetensors.torch import save_file
 
-            save_file({k: v.contiguous() for k, v in state.items()}, str(path))
-        else:
-            torch.save(state, path)
+                save_file({k: v.contiguous() for k, v in state.items()}, str(tmp))
+            else:
+                torch.save(state, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
         logger.info(f"saved model weights to {path}")
     comm.barrier()
     return True

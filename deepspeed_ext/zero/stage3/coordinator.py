@@ -13,12 +13,16 @@ order becomes the trace. Every rank makes the same decisions from the same trace
 collectives stay paired.
 
 [Note: stage-3 order check]
-Before each module's gather, every rank contributes (gather number, module index, phase) to a
-tiny all-gather; a rank that runs a different sequence (an extra forward on one rank, a
-data-dependent branch) is caught at its first differing gather, and every rank raises an
-error naming each rank's module, rather than pairing mismatched collectives or hanging. The
-wait is bounded (DS_ZERO3_ORDER_TIMEOUT, 60 s). DS_ZERO3_ORDER_CHECK=0 turns it off (it costs
-one small collective per module gather).
+At the first gather of each forward and of each backward, every rank contributes (gather
+number, module index, phase, a hash of the micro-step's gathers so far) to a tiny all-gather
+on a process group of its own (so it does not wait behind the prefetches in flight). A rank
+running a different sequence (an extra forward on one rank: its forward meets the others'
+backward) is caught there and every rank raises an error naming each rank's module, rather
+than pairing mismatched collectives or hanging; when only the hashes differ (a
+data-dependent branch), the ranks swap their sequences to name the first gather that
+differs. The wait is bounded (DS_ZERO3_ORDER_TIMEOUT, 60 s). DS_ZERO3_ORDER_CHECK=all checks
+before every gather (catches a divergence at its first gather, for 20% of a CPU step here:
+each check is a rendezvous), =0 turns it off.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_gather_bucket, get_rank, get_world_size
+from deepspeed_ext.comm import (
+    all_gather_bucket,
+    all_gather_object,
+    get_rank,
+    get_world_size,
+    new_group,
+)
 
 from .gather import gather_params
 from .param import ZeroParamStatus
@@ -58,9 +68,19 @@ class GatherCoordinator:
         self.max_reuse = max_reuse_distance
         self.trace: list[int] | None = None
         self.recording: list[int] = []
+        self.phases: list[int] = []
         self.cursor = 0
+        self.ahead = 0  # trace[cursor:ahead] has been fetched ahead ...
+        self.ahead_numel = 0  # ... and holds this many elements
         self.following = True  # this micro-step still matches the trace
-        self.check = os.environ.get("DS_ZERO3_ORDER_CHECK", "1") != "0" and get_world_size() > 1
+        mode = os.environ.get("DS_ZERO3_ORDER_CHECK", "1").lower()
+        self.check = mode not in ("0", "false", "off") and get_world_size() > 1
+        self.check_all = mode == "all"
+        self.digest = 0  # a rolling hash of this micro-step's (module, phase) gathers
+        self.phase = -1
+        # Its own (CPU) group: on the main one the check would queue behind the bulk
+        # prefetch gathers and reduce-scatters in flight, and wait for them every fetch.
+        self.group = new_group(backend="gloo") if self.check else None
         self.timeout = timedelta(seconds=float(os.environ.get("DS_ZERO3_ORDER_TIMEOUT", "60")))
         self.stats = {"fetches": 0, "prefetched": 0, "kept": 0}  # counts, for tests and logs
 
@@ -68,25 +88,36 @@ class GatherCoordinator:
     def begin_forward(self) -> None:
         """The root module's forward starts: a new micro-step (or an evaluation forward)."""
         self.recording = []
-        self.cursor = 0
+        self.phases = []
+        self.digest = 0
+        self.phase = -1
+        self.cursor = self.ahead = self.ahead_numel = 0
         self.following = self.trace is not None
 
     def end_backward(self) -> None:
         if self.recording and self.recording != self.trace:
             self.trace = self.recording  # first micro-step, or the graph changed
         self.recording = []
-        self.cursor = 0
+        self.phases = []
+        self.digest = 0
+        self.phase = -1
+        self.cursor = self.ahead = self.ahead_numel = 0
         self.following = False
 
     # -- fetching --
     def fetch(self, index: int, phase: int) -> None:
-        if self.check:
+        if self.check and (self.check_all or phase != self.phase):
             self._check_order(index, phase)
+        self.phase = phase
+        self.digest = (self.digest * 1_000_003 + 2 * index + phase) % (1 << 61)
         self.recording.append(index)
+        self.phases.append(phase)
         self.stats["fetches"] += 1
         if self.following:
             assert self.trace is not None
             if self.cursor < len(self.trace) and self.trace[self.cursor] == index:
+                if self.cursor < self.ahead:  # it leaves the prefetched window
+                    self.ahead_numel -= self.numel[index]
                 self.cursor += 1
             else:
                 self.following = False
@@ -103,27 +134,35 @@ class GatherCoordinator:
         )
 
     def _prefetch(self) -> None:
+        """Extend the window trace[cursor:ahead] (modules already fetched ahead) while it
+        holds fewer than prefetch_numel elements; one gather for what it adds (one
+        collective per dtype)."""
         assert self.trace is not None
-        budget = self.prefetch_numel
-        live = self._live_numel()
+        i = max(self.cursor, self.ahead)
+        live: int | None = None
         seen: set[int] = set()
-        for index in self.trace[self.cursor :]:
-            if budget <= 0:
-                break
+        batch: list[Any] = []
+        while i < len(self.trace) and self.ahead_numel < self.prefetch_numel:
+            index = self.trace[i]
             need = [
                 p
                 for p in self.params[index]
                 if p.ds_status is ZeroParamStatus.NOT_AVAILABLE and id(p) not in seen
             ]
-            n = sum(p.ds_numel for p in need)
-            if live + n > self.max_live:
-                break
             if need:
+                n = sum(p.ds_numel for p in need)
+                live = self._live_numel() if live is None else live
+                if live + n > self.max_live:
+                    break
                 seen.update(id(p) for p in need)
-                gather_params(need, wait=False)
+                batch.extend(need)
                 self.stats["prefetched"] += 1
-                budget -= n
                 live += n
+            self.ahead_numel += self.numel[index]
+            i += 1
+        self.ahead = i
+        if batch:
+            gather_params(batch, wait=False)
 
     def keep_after_forward(self, index: int) -> bool:
         """Whether the trace brings this module back within the reuse distance."""
@@ -143,9 +182,9 @@ class GatherCoordinator:
     # -- [Note: stage-3 order check] --
     def _check_order(self, index: int, phase: int) -> None:
         world = get_world_size()
-        mine = torch.tensor([len(self.recording), index, phase], dtype=torch.int64)
-        everyone = torch.empty(3 * world, dtype=torch.int64)
-        work = all_gather_bucket(everyone, mine)
+        mine = torch.tensor([len(self.recording), index, phase, self.digest], dtype=torch.int64)
+        everyone = torch.empty(4 * world, dtype=torch.int64)
+        work = all_gather_bucket(everyone, mine, group=self.group)
         try:
             work.wait(self.timeout)
         except RuntimeError as exc:
@@ -155,19 +194,32 @@ class GatherCoordinator:
                 f"'{self.names[index]}'): some rank is running a different sequence of "
                 f"forwards/backwards or is stuck ({str(exc).splitlines()[0]})"
             ) from None
-        rows = everyone.view(world, 3).tolist()
-        if any(r != rows[0] for r in rows):
-            where = "; ".join(
-                f"rank {r}: gather #{n} of module '{self._name(i)}' in "
-                f"{'backward' if ph else 'forward'}"
-                for r, (n, i, ph) in enumerate(rows)
-            )
-            raise RankDivergenceError(
-                f"ZeRO-3 ranks diverged: {where}. Every rank must run the same sequence of "
-                "forward and backward passes (e.g. run evaluation on every rank, not on rank "
-                "0 only); mark modules with data-dependent children as leaves with "
-                "deepspeed.utils.set_z3_leaf_modules"
-            )
+        rows = everyone.view(world, 4).tolist()
+        if all(r == rows[0] for r in rows):
+            return
+        if all(r[:3] == rows[0][:3] for r in rows):  # same place, different ways there
+            rows = self._first_difference()
+        where = "; ".join(
+            f"rank {r}: gather #{n} of module '{self._name(i)}' in "
+            f"{'backward' if ph else 'forward'}"
+            for r, (n, i, ph, *_) in enumerate(rows)
+        )
+        raise RankDivergenceError(
+            f"ZeRO-3 ranks diverged: {where}. Every rank must run the same sequence of "
+            "forward and backward passes (e.g. run evaluation on every rank, not on rank "
+            "0 only); mark modules with data-dependent children as leaves with "
+            "deepspeed.utils.set_z3_leaf_modules"
+        )
+
+    def _first_difference(self) -> list[list[int]]:
+        """Every rank's (gather number, module, phase) at the first gather where the ranks'
+        sequences differ (index -1: that rank had no such gather)."""
+        mine = list(zip(self.recording, self.phases))
+        seqs = all_gather_object(mine, group=self.group)
+        n = 0
+        while all(n < len(s) for s in seqs) and all(s[n] == seqs[0][n] for s in seqs):
+            n += 1
+        return [[n, *(s[n] if n < len(s) else (-1, 0))] for s in seqs]
 
     def _name(self, index: int) -> str:
         return self.names[index] if 0 <= index < len(self.names) else f"#{index}"

@@ -17,9 +17,13 @@ KEY = "zero_optimization.offload_param.nvme_path"
 AIO = {"block_size": 65536, "queue_depth": 4, "intra_op_parallelism": 1, "single_submit": False}
 
 
-@pytest.fixture
-def swapper(tmp_path):
+@pytest.fixture(params=["io_uring", "threads"])
+def swapper(request, tmp_path, monkeypatch):
+    """A swapper on each async_io backend (io_uring falls back to threads where refused)."""
+    monkeypatch.setenv("DS_AIO_IO_URING", "1" if request.param == "io_uring" else "0")
     s = NVMeSwapper(str(tmp_path), rank=1, tag="params", aio=AIO)
+    if request.param == "threads":
+        assert s._handle.backend() == "threads"
     yield s
     s.close()
 

@@ -83,3 +83,16 @@ def test_unusable_nvme_path_is_an_error_at_initialize(section, tmp_path):
     assert f"zero_optimization.{section}.nvme_path" in msg and "not a directory" in msg, msg
     msg = run_ranks(runs.bad_nvme_path, 1, str(tmp_path / "nvme"), section, 1000)[0]
     assert f"zero_optimization.{section}.nvme_path" in msg and "GB free" in msg, msg
+
+
+def test_save_16bit_model_without_gathering_is_an_error(tmp_path):
+    for msg in run_ranks(runs.save_16bit_refused, 2, str(tmp_path)):
+        assert "stage3_gather_16bit_weights_on_model_save" in msg, msg
+    assert not list(tmp_path.iterdir()), "nothing written"
+
+
+def test_order_check_all_names_the_first_differing_gather():
+    out = run_ranks(runs.rank1_skips_a_block, 2, timeout=120)
+    for r in out:
+        assert r["error"] is not None, "the divergence went unnoticed"
+        assert "module 'blocks.1.ln1'" in r["error"] and "module 'ln_f'" in r["error"], r

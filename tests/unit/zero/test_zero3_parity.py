@@ -70,6 +70,14 @@ def test_gpt_tied_weights_nested_modules_match_stage0():
         assert abs(a - b) < 1e-4, (got[0]["losses"], ref[0]["losses"])
 
 
+def test_leaf_modules_are_gathered_whole():
+    ref = run_ranks(train_gpt, 2, 0)
+    got = run_ranks(train_gpt, 2, 3, 3, None, True)
+    _assert_same(got, ref[0], atol=1e-4, rtol=1e-3)
+    # two leaf Blocks: each gathers once per forward and once per backward, no sub-gathers
+    assert got[0]["stats"]["fetches"] < run_ranks(train_gpt, 2, 3)[0]["stats"]["fetches"]
+
+
 def test_prefetch_and_reuse_change_nothing_but_timing():
     """Prefetching along the recorded order and keeping parameters for a near reuse give the
     same bits as gathering each module on demand and releasing it at once."""

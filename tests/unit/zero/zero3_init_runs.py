@@ -186,3 +186,46 @@ def bad_nvme_path(path: str, section: str, fake_free: int | None) -> str:
     except ValueError as exc:
         return str(exc)
     return "no error"
+
+
+def save_16bit_refused(save_dir: str) -> str:
+    """Stage 3 without stage3_gather_16bit_weights_on_model_save: an error, and no file."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, _, _, _ = initialize(model=GPT(SMALL), config=_z3())
+    try:
+        engine.save_16bit_model(save_dir)
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def rank1_skips_a_block() -> dict:
+    """DS_ZERO3_ORDER_CHECK=all: rank 1's forward skips a block (a data-dependent branch)."""
+    os.environ["DS_ZERO3_ORDER_CHECK"] = "all"
+    import types
+
+    import torch.nn.functional as F
+
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3.coordinator import RankDivergenceError
+
+    torch.manual_seed(0)
+    model = GPT(SMALL)
+
+    def skipping_forward(self: Any, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+        x = self.blocks[0](x)  # blocks[1] skipped
+        logits = self.head(self.ln_f(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
+
+    if int(os.environ["RANK"]) == 1:
+        model.forward = types.MethodType(skipping_forward, model)  # type: ignore[method-assign]
+    engine, _, _, _ = initialize(model=model, config=_z3())
+    idx = torch.randint(0, 32, (2, 17))
+    try:
+        loss = engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+        engine.backward(loss)
+    except RankDivergenceError as exc:
+        return {"error": str(exc)}
+    return {"error": None}

@@ -80,7 +80,9 @@ def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None
     }
 
 
-def train_gpt(stage: int, steps: int = 3, zero: dict[str, Any] | None = None) -> dict:
+def train_gpt(
+    stage: int, steps: int = 3, zero: dict[str, Any] | None = None, leaf: bool = False
+) -> dict:
     """The example GPT (tied embeddings, nested blocks) under a ZeRO stage."""
     from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.zero.stage3 import GatheredParameters
@@ -89,6 +91,10 @@ def train_gpt(stage: int, steps: int = 3, zero: dict[str, Any] | None = None) ->
     rank = int(os.environ["RANK"])
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=32, seq_len=16, n_layer=2, n_head=2, d_model=32))
+    if leaf:  # each Block gathered as a whole, its submodules hook-free
+        from deepspeed_ext.zero.stage3 import set_z3_leaf_modules
+
+        set_z3_leaf_modules(model, ["Block"])
     cfg = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 2,
