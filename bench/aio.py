@@ -4,9 +4,12 @@ Workload: one file of --mib MiB (default 1024) on one file system, moved in --bl
 pieces (default 1024, dd's bs too). Contenders, alternating in rounds (order reversed every
 other round), median wall time over the rounds:
   ours          aio_handle(block_size, queue_depth).sync_pwrite / sync_pread of a page-aligned
-                tensor (new_cpu_locked_tensor), random bytes
+                tensor (new_cpu_locked_tensor), random bytes; the default backend: io_uring
+                where the kernel offers it (results say which: backend, backend_reason)
   ours bounce   the same from an ordinary torch tensor (memory off the page: bounce copies)
   ours qd=1     ours with queue_depth=1 (one request in flight, as dd has)
+  ours threads  ours on the pread/pwrite thread pool (DS_AIO_IO_URING=0)
+  ours threads bounce   the thread pool from the ordinary tensor
   dd            dd bs=<block> oflag=direct (from /dev/zero) / iflag=direct (to /dev/null)
 Every write goes to a fresh file; reads are O_DIRECT on both sides, so the page cache
 serves neither. Target (issue): ours >= 90% of dd's GB/s, for read and for write.
@@ -34,6 +37,8 @@ import torch
 from common import busy_warning, machine_info, median, print_table, write_result
 
 OURS, BOUNCE, QD1, DD = "ours", "ours bounce", "ours qd=1", "dd"
+THREADS, THREADS_BOUNCE = "ours threads", "ours threads bounce"
+NAMES = [OURS, BOUNCE, QD1, THREADS, THREADS_BOUNCE, DD]
 TARGET = 0.9  # ours GB/s / dd GB/s, read and write (issue)
 
 
@@ -110,6 +115,21 @@ class DirectDD:
         return self._run(["dd", f"if={self.path}", "of=/dev/null", f"bs={self.bs}", "iflag=direct"])
 
 
+def thread_pool_handle(block: int, queue_depth: int) -> Any:
+    """A handle on the pread/pwrite thread pool (DS_AIO_IO_URING=0 while it is made)."""
+    from deepspeed_ext.ops.aio import aio_handle
+
+    saved = os.environ.get("DS_AIO_IO_URING")
+    os.environ["DS_AIO_IO_URING"] = "0"
+    try:
+        return aio_handle(block_size=block, queue_depth=queue_depth)
+    finally:
+        if saved is None:
+            del os.environ["DS_AIO_IO_URING"]
+        else:
+            os.environ["DS_AIO_IO_URING"] = saved
+
+
 def run(args: argparse.Namespace, directory: str, size: int) -> dict[str, Any]:
     from deepspeed_ext.ops.aio import aio_handle
 
@@ -117,11 +137,12 @@ def run(args: argparse.Namespace, directory: str, size: int) -> dict[str, Any]:
     path = os.path.join(directory, "aio_bench.bin")
     h = aio_handle(block_size=block, queue_depth=args.queue_depth)
     h1 = aio_handle(block_size=block, queue_depth=1)
+    ht = thread_pool_handle(block, args.queue_depth)
     aligned = h.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8))
     aligned.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
     plain = aligned.clone()  # ordinary allocation: not page-aligned (checked below)
-    bufs = {OURS: aligned, BOUNCE: plain, QD1: aligned}
-    handles = {OURS: h, BOUNCE: h, QD1: h1}
+    bufs = {OURS: aligned, BOUNCE: plain, QD1: aligned, THREADS: aligned, THREADS_BOUNCE: plain}
+    handles = {OURS: h, BOUNCE: h, QD1: h1, THREADS: ht, THREADS_BOUNCE: ht}
     dd = DirectDD(path, size, block)
 
     def ours_write(name: str) -> float:
@@ -135,11 +156,12 @@ def run(args: argparse.Namespace, directory: str, size: int) -> dict[str, Any]:
         handles[name].sync_pread(bufs[name], path)
         return time.perf_counter() - t0
 
-    names = [OURS, BOUNCE, QD1, DD]
+    names = NAMES
     times: dict[str, dict[str, list[float]]] = {"write": {}, "read": {}}
     for kind in times:
         times[kind] = {n: [] for n in names}
-    ours_write(OURS)  # warm-up: threads, allocator, file system metadata
+    ours_write(OURS)  # warm-up: threads, ring, allocator, file system metadata
+    ours_write(THREADS)
     for r in range(args.rounds):
         order = names if r % 2 == 0 else names[::-1]
         for name in order:  # each read follows its own write: same file, same size
@@ -164,12 +186,18 @@ def run(args: argparse.Namespace, directory: str, size: int) -> dict[str, Any]:
         out["gbps"][kind] = {n: size / s / 1e9 for n, s in med.items()}
         if DD in med:
             out["ours_over_dd"][kind] = {
-                n: out["gbps"][kind][n] / out["gbps"][kind][DD] for n in (OURS, BOUNCE, QD1)
+                n: out["gbps"][kind][n] / out["gbps"][kind][DD] for n in NAMES if n != DD
             }
+    out["ours_over_threads"] = {
+        kind: out["gbps"][kind][OURS] / out["gbps"][kind][THREADS] for kind in times
+    }
     out["dd_skipped"] = dd.skipped
+    out["backend"] = h.backend()  # of ours, ours bounce, ours qd=1
+    out["backend_reason"] = h.backend_reason() or None
     # None: O_DIRECT was used
     out["buffered_reason"] = h.buffered_reason() or h1.buffered_reason() or None
     out["threads"] = h.get_thread_count()
+    out["threads_of_thread_pool"] = ht.get_thread_count()
     out["bounce_buffer_offset"] = plain.data_ptr() % 4096
     out["roundtrip_bit_exact"] = exact
     return out
@@ -178,11 +206,12 @@ def run(args: argparse.Namespace, directory: str, size: int) -> dict[str, Any]:
 def report(args: argparse.Namespace, res: dict[str, Any], size: int, fs: dict[str, str]) -> None:
     print(
         f"\n== {size / 2**20:.0f} MiB file, {args.block_kib} KiB blocks, queue_depth "
-        f"{args.queue_depth} ({res['threads']} threads), {fs['fs']} on {fs['device']} "
+        f"{args.queue_depth}, ours on {res['backend']} (threads: "
+        f"{res['threads_of_thread_pool']}), {fs['fs']} on {fs['device']} "
         f"({fs['mount']}), median of {args.rounds} =="
     )
     rows = []
-    for name in (OURS, BOUNCE, QD1, DD):
+    for name in NAMES:
         row: list[Any] = [name]
         for kind in ("write", "read"):
             g = res["gbps"][kind].get(name)
@@ -195,9 +224,13 @@ def report(args: argparse.Namespace, res: dict[str, Any], size: int, fs: dict[st
     print_table(["contender", "write GB/s", "of dd", "read GB/s", "of dd"], rows)
     if res["dd_skipped"]:
         print(f"dd: skipped ({res['dd_skipped']})")
+    if res["backend_reason"]:
+        print(f"note: ours backend {res['backend']}: {res['backend_reason']}")
     if res["buffered_reason"]:
         print(f"note: ours used buffered I/O: {res['buffered_reason']}")
     print(f"round trip bit-exact: {res['roundtrip_bit_exact']}")
+    vs = res["ours_over_threads"]
+    print(f"ours ({res['backend']}) over threads: write {vs['write']:.0%}, read {vs['read']:.0%}")
     print("targets (issue): ours >= 90% of dd")
     for kind in ("write", "read"):
         got = res["ours_over_dd"].get(kind, {}).get(OURS)

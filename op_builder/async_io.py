@@ -1,7 +1,8 @@
 """Async file I/O for ZeRO-Infinity's NVMe offload: torch.ops.ds_async_io.aio_handle(...).
 
-Upstream builds this op against libaio; ours is a thread pool over pread/pwrite with
-O_DIRECT (csrc/aio/), so it needs only Linux and a C++ compiler.
+Upstream builds this op against libaio; ours uses io_uring through its raw system calls where
+the kernel offers it and a pread/pwrite thread pool where not, both with O_DIRECT (csrc/aio/),
+so it needs only Linux and a C++ compiler (no liburing, no libaio).
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from .builder import Compat, OpBuilder
 
 class AsyncIOBuilder(OpBuilder):
     NAME = "async_io"
-    SOURCES = ("aio/aio_file.cpp", "aio/aio_engine.cpp", "bindings/aio.cpp")
+    SOURCES = (
+        "aio/aio_file.cpp",
+        "aio/aio_uring.cpp",
+        "aio/aio_engine.cpp",
+        "aio/aio_pool.cpp",
+        "aio/aio_uring_engine.cpp",
+        "bindings/aio.cpp",
+    )
     INCLUDES = ("includes", ".")
 
     def is_compatible(self, verbose: bool = False) -> Compat:

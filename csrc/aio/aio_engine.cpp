@@ -1,64 +1,39 @@
+// The Engine and what its two backends share (see [Note: aio backends] in aio_engine.h):
+// splitting, file descriptors, validation, completion accounting, backend choice.
 #include "aio/aio_engine.h"
 
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
-#include <exception>
-#include <mutex>
-#include <thread>
 #include <utility>
-#include <vector>
 
-#include "aio/aio_file.h"
+#include "aio/aio_state.h"
 
 namespace ds {
 namespace aio {
 namespace {
 
-constexpr int64_t kMaxThreads = 64;
-constexpr int64_t kBounceMax = int64_t(4) << 20;  // bytes a bounce copy moves at a time
 constexpr int64_t kValidateChunk = int64_t(1) << 20;
 
-// One request in flight; its pieces share it (see [Note: aio pieces]).
-struct Op {
-  Request req;
-  std::atomic<int64_t> pieces_left{0};
-  std::atomic<bool> failed{false};  // later pieces skip their I/O
-  std::mutex mu;                    // guards everything below
-  int fd_direct = -1;
-  int fd_buffered = -1;
-  bool direct_tried = false;
-  bool direct_refused = false;  // O_DIRECT refused (or turned off): body pieces go buffered
-  std::string error;
+}  // namespace
 
-  std::string what() const {
-    return std::string(req.read ? "read of '" : "write of '") + req.path + "' (" +
-           std::to_string(req.nbytes) + " bytes at file offset " + std::to_string(req.offset) + ")";
-  }
-  void fail_locked(const std::string& why) {
-    if (error.empty()) error = "async_io: " + what() + " failed: " + why;
-    failed = true;
-  }
-  void fail(const std::string& why) {
-    std::lock_guard<std::mutex> lk(mu);
-    fail_locked(why);
-  }
-};
+std::string Op::what() const {
+  return std::string(req.read ? "read of '" : "write of '") + req.path + "' (" +
+         std::to_string(req.nbytes) + " bytes at file offset " + std::to_string(req.offset) + ")";
+}
 
-struct Piece {
-  std::shared_ptr<Op> op;
-  int64_t begin = 0;  // bytes into the request
-  int64_t len = 0;
-  bool direct = false;
-};
+void Op::fail_locked(const std::string& why) {
+  if (error.empty()) error = "async_io: " + what() + " failed: " + why;
+  failed = true;
+}
 
-// Splits a request at kAlign file offsets (see [Note: aio pieces]).
+void Op::fail(const std::string& why) {
+  std::lock_guard<std::mutex> lk(mu);
+  fail_locked(why);
+}
+
 std::vector<Piece> split(const std::shared_ptr<Op>& op, int64_t piece_bytes) {
   const int64_t n = op->req.nbytes;
   const int64_t off = op->req.offset;
@@ -79,49 +54,6 @@ std::vector<Piece> split(const std::shared_ptr<Op>& op, int64_t piece_bytes) {
   return out;
 }
 
-// A direct transfer; unaligned memory goes through `bounce` (file side already aligned).
-IoResult direct_transfer(int fd, bool read, char* mem, int64_t len, int64_t off,
-                         AlignedBuffer& bounce) {
-  if (is_aligned(mem)) return transfer(fd, read, mem, len, off);
-  int64_t done = 0;
-  while (done < len) {
-    const int64_t n = std::min(len - done, kBounceMax);
-    char* b = bounce.get(n);
-    if (b == nullptr) return {done, ENOMEM};
-    if (!read) std::memcpy(b, mem + done, size_t(n));
-    const IoResult r = transfer(fd, read, b, n, off + done);
-    if (read) std::memcpy(mem + done, b, size_t(r.done));
-    done += r.done;
-    if (r.err != 0 || r.done < n) return {done, r.err};
-  }
-  return {done, 0};
-}
-
-}  // namespace
-
-struct Engine::State {
-  Config cfg;
-  int64_t piece_bytes = kAlign;
-  mutable std::mutex mu;  // guards everything below
-  std::condition_variable work_cv;
-  std::condition_variable done_cv;
-  std::deque<Piece> queue;
-  bool stop = false;
-  int64_t pending = 0;    // submitted requests not finished
-  int64_t completed = 0;  // finished since the last wait()
-  int64_t failures = 0;
-  std::string first_error;
-  std::string buffered_reason;
-  std::vector<std::thread> workers;
-
-  void worker();
-  void run(const Piece& p, AlignedBuffer& bounce);
-  int fd_for(Op& op, bool& direct);
-  void validate(Op& op);
-  void finish(Op& op);
-  void note_buffered(const std::string& why);
-};
-
 void Engine::State::note_buffered(const std::string& why) {
   static std::once_flag printed;  // one line per process, however many files
   std::call_once(printed, [&] {
@@ -132,6 +64,16 @@ void Engine::State::note_buffered(const std::string& why) {
   });
   std::lock_guard<std::mutex> lk(mu);
   if (buffered_reason.empty()) buffered_reason = why;
+}
+
+void Engine::State::note_threads(const std::string& why) {
+  static std::once_flag printed;  // one line per process, however many handles
+  std::call_once(printed, [&] {
+    std::fprintf(stderr, "[deepspeed_ext] async_io: %s; using pread/pwrite threads\n", why.c_str());
+  });
+  std::lock_guard<std::mutex> lk(mu);
+  backend = "threads";
+  backend_reason = why;
 }
 
 // The fd for a piece, opened on first use so that thousands of queued requests do not hold
@@ -168,49 +110,6 @@ int Engine::State::fd_for(Op& op, bool& direct) {
   return op.fd_buffered;
 }
 
-void Engine::State::run(const Piece& p, AlignedBuffer& bounce) {
-  Op& op = *p.op;
-  if (op.failed) return;
-  const bool rd = op.req.read;
-  char* mem = op.req.buf + p.begin;
-  const int64_t off = op.req.offset + p.begin;
-  bool direct = p.direct;
-  int fd = fd_for(op, direct);
-  if (fd < 0) return;
-  int64_t done = 0;
-  if (direct) {
-    const IoResult r = direct_transfer(fd, rd, mem, p.len, off, bounce);
-    done = r.done;
-    if (r.err == EINVAL) {  // took O_DIRECT at open, refuses it on transfer
-      {
-        std::lock_guard<std::mutex> lk(op.mu);
-        op.direct_refused = true;
-      }
-      note_buffered("the file system of '" + op.req.path + "' refuses O_DIRECT transfers (" +
-                    std::string(rd ? "pread" : "pwrite") + ": " + errno_text(r.err) + ")");
-    } else if (r.err != 0) {
-      op.fail(std::string(rd ? "pread" : "pwrite") + " at file offset " +
-              std::to_string(off + done) + ": " + errno_text(r.err));
-      return;
-    }
-    // A short direct transfer (end of file inside the piece) is finished below, buffered.
-  }
-  if (done < p.len) {
-    bool buffered = false;
-    fd = fd_for(op, buffered);
-    if (fd < 0) return;
-    const IoResult r = transfer(fd, rd, mem + done, p.len - done, off + done);
-    done += r.done;
-    const std::string at = " at file offset " + std::to_string(off + done);
-    if (r.err != 0) {
-      op.fail(std::string(rd ? "pread" : "pwrite") + at + ": " + errno_text(r.err));
-    } else if (done < p.len) {
-      op.fail(rd ? "unexpected end of file" + at + " (the file is shorter than offset + bytes)"
-                 : "short write" + at + " (the file system accepted no more bytes)");
-    }
-  }
-}
-
 // Re-reads the file range through the page cache and compares it with the buffer.
 void Engine::State::validate(Op& op) {
   const int fd = open_file(op.req.path, true, false);
@@ -236,6 +135,10 @@ void Engine::State::validate(Op& op) {
   ::close(fd);
 }
 
+void Engine::State::piece_done(Op& op) {
+  if (op.pieces_left.fetch_sub(1) == 1) finish(op);
+}
+
 void Engine::State::finish(Op& op) {
   if (!op.failed && op.req.validate) validate(op);
   {
@@ -254,34 +157,33 @@ void Engine::State::finish(Op& op) {
   done_cv.notify_all();
 }
 
-void Engine::State::worker() {
-  AlignedBuffer bounce;  // this thread's, for unaligned memory on O_DIRECT pieces
-  for (;;) {
-    Piece p;
-    {
-      std::unique_lock<std::mutex> lk(mu);
-      work_cv.wait(lk, [&] { return stop || !queue.empty(); });
-      if (queue.empty()) return;  // stop, and nothing left
-      p = std::move(queue.front());
-      queue.pop_front();
-    }
-    try {
-      run(p, bounce);
-    } catch (const std::exception& e) {  // e.g. bad_alloc: fail the op, never the process
-      p.op->fail(std::string("internal error: ") + e.what());
-    }
-    if (p.op->pieces_left.fetch_sub(1) == 1) finish(*p.op);
-  }
-}
-
 Engine::Engine(const Config& cfg) : s_(new State) {
-  s_->cfg = cfg;
-  s_->piece_bytes = std::max(kAlign, round_down(cfg.block_size));
-  if (!cfg.direct_io) s_->buffered_reason = "O_DIRECT turned off (direct_io=false)";
+  State& s = *s_;
+  s.cfg = cfg;
+  s.piece_bytes = std::max(kAlign, round_down(cfg.block_size));
+  if (!cfg.direct_io) s.buffered_reason = "O_DIRECT turned off (direct_io=false)";
   const int64_t depth = std::max<int64_t>(1, cfg.queue_depth);
   const int64_t par = std::max<int64_t>(1, cfg.intra_op_parallelism);
-  const int64_t n = std::min(kMaxThreads, depth * par);
-  for (int64_t i = 0; i < n; ++i) s_->workers.emplace_back([st = s_.get()] { st->worker(); });
+  s.inflight = std::min(kMaxInflight, depth * par);
+  if (cfg.io_uring == IoUring::kOff) {
+    s.backend_reason = "io_uring turned off (DS_AIO_IO_URING=0)";
+  } else {
+    std::string why;
+    s.ring = Uring::create(unsigned(s.inflight), cfg.io_uring == IoUring::kVectored, why);
+    if (s.ring == nullptr) {
+      s.note_threads("io_uring unavailable: " + why);
+    } else {
+      s.backend = "io_uring";
+      if (s.ring->vectored()) {
+        s.backend_reason = cfg.io_uring == IoUring::kVectored
+                               ? "READV/WRITEV asked for (DS_AIO_IO_URING=vectored)"
+                               : "READV/WRITEV: the kernel has no IORING_OP_READ (before 5.6)";
+      }
+      s.workers.emplace_back([st = &s] { st->ring_loop(); });
+      return;
+    }
+  }
+  for (int64_t i = 0; i < s.inflight; ++i) s.workers.emplace_back([st = &s] { st->worker(); });
 }
 
 Engine::~Engine() {
@@ -340,6 +242,16 @@ const Config& Engine::config() const { return s_->cfg; }
 std::string Engine::buffered_reason() const {
   std::lock_guard<std::mutex> lk(s_->mu);
   return s_->buffered_reason;
+}
+
+std::string Engine::backend() const {
+  std::lock_guard<std::mutex> lk(s_->mu);
+  return s_->backend;
+}
+
+std::string Engine::backend_reason() const {
+  std::lock_guard<std::mutex> lk(s_->mu);
+  return s_->backend_reason;
 }
 
 }  // namespace aio

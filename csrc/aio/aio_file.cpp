@@ -1,8 +1,10 @@
 #include "aio/aio_file.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <system_error>
@@ -15,8 +17,10 @@ AlignedBuffer::~AlignedBuffer() { std::free(ptr_); }
 char* AlignedBuffer::get(int64_t bytes) {
   if (bytes > size_) {
     std::free(ptr_);
-    ptr_ = static_cast<char*>(aligned_alloc_bytes(bytes));
-    size_ = ptr_ ? round_up(bytes) : 0;
+    // A bounce buffer of a block or so gets a whole huge page (see aligned_alloc_bytes).
+    const int64_t n = bytes >= kHugePage / 2 ? std::max(bytes, kHugePage) : bytes;
+    ptr_ = static_cast<char*>(aligned_alloc_bytes(n));
+    size_ = ptr_ ? round_up(n) : 0;
   }
   return ptr_;
 }
@@ -24,7 +28,10 @@ char* AlignedBuffer::get(int64_t bytes) {
 void* aligned_alloc_bytes(int64_t bytes) {
   void* p = nullptr;
   const int64_t n = round_up(bytes > 0 ? bytes : 1);
-  return posix_memalign(&p, size_t(kAlign), size_t(n)) == 0 ? p : nullptr;
+  const bool huge = n >= kHugePage;
+  if (posix_memalign(&p, size_t(huge ? kHugePage : kAlign), size_t(n)) != 0) return nullptr;
+  if (huge) ::madvise(p, size_t(n), MADV_HUGEPAGE);  // a hint: refused, 4 KiB pages remain
+  return p;
 }
 
 int open_file(const std::string& path, bool read, bool direct) {

@@ -17,7 +17,8 @@ inline bool is_aligned(const void* p) { return reinterpret_cast<std::uintptr_t>(
 inline int64_t round_down(int64_t v) { return v / kAlign * kAlign; }
 inline int64_t round_up(int64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
-// A kAlign-aligned heap buffer (the bounce buffer of a worker thread), allocated on first use.
+// A kAlign-aligned heap buffer (a worker's or a ring slot's bounce buffer), allocated on first
+// use; from kHugePage / 2 bytes on, a whole huge page.
 class AlignedBuffer {
  public:
   AlignedBuffer() = default;
@@ -31,6 +32,14 @@ class AlignedBuffer {
   char* ptr_ = nullptr;
   int64_t size_ = 0;
 };
+
+// Allocations of >= kHugePage start on a kHugePage boundary and ask for transparent huge
+// pages (MADV_HUGEPAGE; THP's "madvise" mode gives none without it). Measured on virtio-blk
+// (io_uring, 1 GiB in 1 MiB blocks): reads 2.1 -> 2.9 GB/s, writes 2.5 -> 3.2 GB/s, reads
+// through a bounce buffer 1.1 -> 3.3 GB/s. The likely reason: in 4 KiB pages a 1 MiB O_DIRECT
+// request is up to 256 DMA segments, over the device's max_segments (254 there), so the
+// block layer splits it; in a huge page it is one.
+constexpr int64_t kHugePage = int64_t(2) << 20;
 
 // Page-aligned allocation of at least `bytes` (rounded up to kAlign); release with free().
 void* aligned_alloc_bytes(int64_t bytes);

@@ -67,6 +67,18 @@ void check_writable(const std::string& f, const char* op) {
               "': it is a directory");
 }
 
+// DS_AIO_IO_URING: unset, "1" or "auto": io_uring where the kernel offers it; "0": the
+// thread pool; "vectored": io_uring with READV/WRITEV (the pre-5.6 path, for tests).
+ds::aio::IoUring io_uring_from_env() {
+  const char* env = std::getenv("DS_AIO_IO_URING");
+  const std::string v = env ? env : "";
+  if (v.empty() || v == "1" || v == "auto" || v == "true") return ds::aio::IoUring::kAuto;
+  if (v == "0" || v == "false") return ds::aio::IoUring::kOff;
+  TORCH_CHECK(v == "vectored", "aio_handle: DS_AIO_IO_URING=", v,
+              " is not one of 1/auto (io_uring where offered), 0 (thread pool), vectored");
+  return ds::aio::IoUring::kVectored;
+}
+
 ds::aio::Config make_config(int64_t block_size, int64_t queue_depth, bool single_submit,
                             bool overlap_events, int64_t intra_op_parallelism) {
   constexpr const char* op = "aio_handle";
@@ -85,6 +97,7 @@ ds::aio::Config make_config(int64_t block_size, int64_t queue_depth, bool single
   // DS_AIO_DIRECT=0 turns O_DIRECT off (a file system that takes it but is slow with it).
   const char* env = std::getenv("DS_AIO_DIRECT");
   c.direct_io = !(env && (std::string(env) == "0" || std::string(env) == "false"));
+  c.io_uring = io_uring_from_env();
   return c;
 }
 
@@ -104,6 +117,8 @@ class AioHandle : public torch::CustomClassHolder {
   int64_t get_thread_count() const { return engine_.threads(); }
   int64_t pending_ops() const { return engine_.pending(); }
   std::string buffered_reason() const { return engine_.buffered_reason(); }
+  std::string backend() const { return engine_.backend(); }
+  std::string backend_reason() const { return engine_.backend_reason(); }
 
   // Returns 0 when async_op, else wait()'s count (upstream's convention).
   int64_t pread(const at::Tensor& buffer, const std::string& filename, bool validate, bool async_op,
@@ -228,6 +243,8 @@ TORCH_LIBRARY(ds_async_io, m) {
       .def("get_thread_count", &H::get_thread_count)
       .def("pending_ops", &H::pending_ops)
       .def("buffered_reason", &H::buffered_reason)
+      .def("backend", &H::backend)
+      .def("backend_reason", &H::backend_reason)
       .def("pread", &H::pread, "",
            {arg("buffer"), arg("filename"), arg("validate"), arg("async_op"),
             arg("file_offset") = int64_t(0)})

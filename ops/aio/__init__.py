@@ -7,6 +7,10 @@
 Buffers are CPU tensors, contiguous, of any dtype; memory that does not start on a page is
 bounced through aligned buffers by the op itself (new_cpu_locked_tensor gives memory that
 needs no bounce). Errors name the file and the errno. Set DS_AIO_DIRECT=0 to skip O_DIRECT.
+
+The I/O runs on io_uring where the kernel offers it (handle.backend() == "io_uring"), else on
+a pread/pwrite thread pool ("threads", with handle.backend_reason() saying why, printed once).
+Set DS_AIO_IO_URING=0 to ask for the thread pool.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ class AioHandle(Protocol):
     def get_thread_count(self) -> int: ...
     def pending_ops(self) -> int: ...
     def buffered_reason(self) -> str: ...
+    def backend(self) -> str: ...
+    def backend_reason(self) -> str: ...
     def pread(
         self,
         buffer: torch.Tensor,

@@ -69,8 +69,10 @@ def test_bench_smoke(script, args, result, tmp_path):
     elif result == "aio_smoke.json":
         res = json.loads((tmp_path / result).read_text())["results"]
         assert res["roundtrip_bit_exact"], res
+        assert res["backend"] in ("io_uring", "threads"), res
         for kind in ("write", "read"):
             assert res["gbps"][kind]["ours"] > 0, res["gbps"]
+            assert res["gbps"][kind]["ours threads"] > 0, res["gbps"]
             if not res["dd_skipped"]:
                 assert res["ours_over_dd"][kind]["ours"] > 0, res["ours_over_dd"]
         assert not list((tmp_path / "io").iterdir())  # the bench file is removed
