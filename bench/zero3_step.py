@@ -16,9 +16,10 @@ upstream: optimizer AdamW, zero_optimization {stage: 3, ...}, everything else de
                        keeps a module gathered until its backward)
   stage 3 partitioned  stage3_param_persistence_threshold 0, stage3_max_reuse_distance 0,
                        stage3_prefetch_bucket_size 3.2e6 (one block ahead, as FSDP2),
-                       stage3_max_live_parameters 7e6: every parameter released after each
-                       use and at most ~2 blocks gathered (the memory target's config; the
-                       default 5e7 prefetch gathers this whole 48M model ahead)
+                       stage3_max_live_parameters 7e6, reduce_bucket_size 3.2e6: every
+                       parameter released after each use, at most ~2 blocks gathered and
+                       about a block of gradients in each reduce bucket (the memory target's
+                       config; the default 5e7 prefetch gathers this whole 48M model ahead)
   stage 3 + offload    offload_param {device: cpu} + offload_optimizer {device: cpu}
   FSDP2                torch.distributed.fsdp.fully_shard on each Block, then the root, on
                        init_device_mesh("cpu", (2,)) (gloo), torch.optim.AdamW
@@ -58,12 +59,14 @@ from ddp_step import reap
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from ddp_step_worker import _load_gpt  # noqa: E402  (stdlib-only at import time)
 
-# A block's weights are 12 d^2 = 3.1M elements: prefetch one block ahead, at most ~2 live.
+# A block's weights are 12 d^2 = 3.1M elements: prefetch one block ahead, at most ~2 live,
+# gradients reduced about a block at a time.
 PARTITIONED = {
     "stage3_param_persistence_threshold": 0,
     "stage3_max_reuse_distance": 0,
     "stage3_prefetch_bucket_size": 3_200_000,
     "stage3_max_live_parameters": 7_000_000,
+    "reduce_bucket_size": 3_200_000,
 }
 # name -> (more zero_optimization keys, offload_param + offload_optimizer to the CPU)
 CONFIGS: dict[str, tuple[dict[str, Any], bool]] = {
