@@ -53,6 +53,12 @@ class DataParallelStrategy:
             for b in self.grads.flat():
                 b.mul_(factor)
 
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """Nothing to move (stage 3 sends NVMe-offloaded optimizer state to its files)."""
+
+    def optimizer_step(self, optimizer: Any) -> None:
+        optimizer.step()
+
     def before_step(self) -> None:
         self.masters.attach_grads(self.grads.grads())
 

@@ -59,9 +59,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self._refuse_unavailable(config)
 
         acc = get_accelerator()
-        self.device = (
-            acc.device(acc.current_device()) if acc.device_name() != "cpu" else torch.device("cpu")
-        )
+        self.device = acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"
         self.module = model.to(self.device)
         if config.fp16.enabled:
             self.module.half()
@@ -79,8 +77,7 @@ class DeepSpeedEngine(torch.nn.Module):
         if self.zero_optimization_stage():
             check_zero_optimizer(self.optimizer, config, client=optimizer is not None)
             self.strategy.mixed_grads_ok = isinstance(self.optimizer, CPU_OPTIMIZERS)
-        if hasattr(self.strategy, "attach_optimizer"):
-            self.strategy.attach_optimizer(self.optimizer)
+        self.strategy.attach_optimizer(self.optimizer)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
             self.deepspeed_io(training_data, collate_fn=collate_fn)
@@ -274,10 +271,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self._global_grad_norm = norm
             if self.optimizer is not None:
                 self.strategy.before_step()
-                if hasattr(self.strategy, "optimizer_step"):
-                    self.strategy.optimizer_step(self.optimizer)  # in sub-groups (NVMe)
-                else:
-                    self.optimizer.step()
+                self.strategy.optimizer_step(self.optimizer)
                 self.strategy.after_step()
             if self.loss_scaler is not None:
                 self.loss_scaler.update(False)

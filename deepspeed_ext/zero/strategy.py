@@ -1,8 +1,9 @@
 """ZeRO stages 1 and 2 behind the engine's gradient-strategy interface.
 
-The engine calls: begin_backward(boundary) / end_backward() around each micro-step's backward,
-then on a boundary grad_norm(), scale_grads_(f), before_step(), optimizer.step(),
-after_step(), zero_grads(). The optimizer sees one flat fp32 master partition per param group.
+The engine calls: attach_optimizer(opt) once it is built; begin_backward(boundary) /
+end_backward() around each micro-step's backward; then on a boundary grad_norm(),
+scale_grads_(f), before_step(), optimizer_step(opt), after_step(), zero_grads(). The optimizer
+sees one flat fp32 master partition per param group.
 """
 
 from __future__ import annotations
@@ -94,6 +95,12 @@ class ZeroStrategy:
             for grp in self.groups:
                 for g in grp.grads:
                     g.mul_(factor)
+
+    def attach_optimizer(self, optimizer: Any) -> None:
+        """Nothing to move (stage 3 sends NVMe-offloaded optimizer state to its files)."""
+
+    def optimizer_step(self, optimizer: Any) -> None:
+        optimizer.step()
 
     def before_step(self) -> None:
         for grp in self.groups:

@@ -173,12 +173,15 @@ def load_checkpoint(
     else:
         _load_module(engine.module, state, load_module_strict)
         engine.strategy.sync_masters_from_model()
-    if not load_module_only:
-        if stage == 3:
-            pass  # the optimizer state came with the shards
-        elif load_optimizer_states and engine.optimizer and stage:
+    if not load_module_only:  # (stage 3's optimizer state came with its shards)
+        if stage in (1, 2) and load_optimizer_states and engine.optimizer:
             _load_zero_partition(engine, path.parent, int(state.get("zero_stage") or 0))
-        elif load_optimizer_states and state.get("optimizer") is not None and engine.optimizer:
+        elif (
+            stage == 0
+            and load_optimizer_states
+            and state.get("optimizer") is not None
+            and engine.optimizer
+        ):
             engine.optimizer.load_state_dict(state["optimizer"])
             if state.get("master_weights") is not None:
                 saved = state["master_weights"]

@@ -67,8 +67,10 @@ class GatherCoordinator:
         self.max_live = max_live_numel
         self.max_reuse = max_reuse_distance
         self.trace: list[int] | None = None
-        self.recording: list[int] = []
-        self.phases: list[int] = []
+        self.recording: list[int] = []  # this micro-step's gathers: module index ...
+        self.phases: list[int] = []  # ... and phase
+        self.digest = 0  # a rolling hash of (module, phase) over the recording
+        self.phase = -1
         self.cursor = 0
         self.ahead = 0  # trace[cursor:ahead] has been fetched ahead ...
         self.ahead_numel = 0  # ... and holds this many elements
@@ -76,8 +78,6 @@ class GatherCoordinator:
         mode = os.environ.get("DS_ZERO3_ORDER_CHECK", "1").lower()
         self.check = mode not in ("0", "false", "off") and get_world_size() > 1
         self.check_all = mode == "all"
-        self.digest = 0  # a rolling hash of this micro-step's (module, phase) gathers
-        self.phase = -1
         # Its own (CPU) group: on the main one the check would queue behind the bulk
         # prefetch gathers and reduce-scatters in flight, and wait for them every fetch.
         self.group = new_group(backend="gloo") if self.check else None
@@ -85,24 +85,20 @@ class GatherCoordinator:
         self.stats = {"fetches": 0, "prefetched": 0, "kept": 0}  # counts, for tests and logs
 
     # -- the micro-step --
+    def _restart(self, following: bool) -> None:
+        self.recording, self.phases = [], []
+        self.digest, self.phase = 0, -1
+        self.cursor = self.ahead = self.ahead_numel = 0
+        self.following = following
+
     def begin_forward(self) -> None:
         """The root module's forward starts: a new micro-step (or an evaluation forward)."""
-        self.recording = []
-        self.phases = []
-        self.digest = 0
-        self.phase = -1
-        self.cursor = self.ahead = self.ahead_numel = 0
-        self.following = self.trace is not None
+        self._restart(following=self.trace is not None)
 
     def end_backward(self) -> None:
         if self.recording and self.recording != self.trace:
             self.trace = self.recording  # first micro-step, or the graph changed
-        self.recording = []
-        self.phases = []
-        self.digest = 0
-        self.phase = -1
-        self.cursor = self.ahead = self.ahead_numel = 0
-        self.following = False
+        self._restart(following=False)
 
     # -- fetching --
     def fetch(self, index: int, phase: int) -> None:

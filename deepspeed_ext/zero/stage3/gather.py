@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_gather_bucket, get_rank, get_world_size
+from deepspeed_ext.comm import all_gather_bucket, get_world_size
 
 from .param import ZeroParamStatus, ensure_storage, is_zero_param, read_shard, release, set_full
 
@@ -115,7 +115,3 @@ def release_params(params: Iterable[Any], force: bool = False) -> None:
         if p.ds_status is ZeroParamStatus.INFLIGHT:
             p.ds_handle.wait()
         release(p)
-
-
-def rank_and_world() -> tuple[int, int]:
-    return get_rank(), get_world_size()

@@ -122,8 +122,7 @@ class Init:
     @staticmethod
     def _device() -> torch.device:
         acc = get_accelerator()
-        on_cpu = acc.device_name() == "cpu"
-        return torch.device("cpu") if on_cpu else acc.device(acc.current_device())
+        return acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"
 
     @staticmethod
     def _config_dtype(cfg: dict[str, Any]) -> torch.dtype | None:

@@ -72,6 +72,9 @@ class Stage3Strategy:
         if options.param_offload == "nvme":
             self._params_to_nvme()
         self.hooks = ModuleHooks(module, options)
+        # persistence is fixed at partitioning: these stay gathered and are refreshed
+        params: list[Any] = list(module.parameters())
+        self.persistent = [p for p in params if p.ds_persist]
         self.group_options: list[dict[str, Any]] = []
         self.group_params: list[list[Any]] = []
         for g in model_groups:
@@ -85,9 +88,10 @@ class Stage3Strategy:
         self.reducer = Stage3Reducer(
             self.trainable, accum_dtype, optimizer_device, options.bucket_numel
         )
-        owned = {id(p) for p in self.trainable}
         self._grad_hooks = [
-            p.register_post_accumulate_grad_hook(self._on_grad if id(p) in owned else _drop_grad)
+            p.register_post_accumulate_grad_hook(
+                self._on_grad if id(p) in self.trainable_ids else _drop_grad
+            )
             for p in module.parameters()
             if p.requires_grad
         ]
@@ -102,11 +106,10 @@ class Stage3Strategy:
         persistent_left = self.options.model_persistence_threshold
         p: Any
         for name, p in module.named_parameters():
+            p.ds_name = name
             if is_zero_param(p):
                 self._adopt(p, device, shard_device)
-                p.ds_name = name
                 continue
-            p.ds_name = name
             persist = p.numel() <= self.options.persistence_threshold and (
                 persistent_left >= p.numel()
             )
@@ -135,26 +138,19 @@ class Stage3Strategy:
             key = "zero_optimization.offload_optimizer.nvme_path"
             check_nvme_path(str(o.optimizer_nvme_path), need, key)
 
-    def _swapper(self, path: str | None, tag: str, needed_bytes: int, key: str) -> Any:
+    def _swapper(self, path: str | None, tag: str) -> Any:
+        """Its path was checked by _check_nvme_paths (and required by the config checks)."""
         from deepspeed_ext.zero.offload.nvme import NVMeSwapper
 
-        assert path, f"{key} is required with device 'nvme'"  # the config checks said so
-        swapper = NVMeSwapper(path, self.rank, tag, self.options.aio)
+        swapper = NVMeSwapper(str(path), self.rank, tag, self.options.aio)
         self.swappers.append(swapper)
         return swapper
 
     def _params_to_nvme(self) -> None:
         from .nvme import offload_params
 
-        params: list[Any] = list(self.module.parameters())
-        needed = sum(p.ds_shard_numel * p.ds_tensor.element_size() for p in params)
-        swapper = self._swapper(
-            self.options.param_nvme_path,
-            "params",
-            needed,
-            "zero_optimization.offload_param.nvme_path",
-        )
-        offload_params(params, swapper, self.options.max_in_cpu)
+        swapper = self._swapper(self.options.param_nvme_path, "params")
+        offload_params(list(self.module.parameters()), swapper, self.options.max_in_cpu)
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """With offload_optimizer nvme, the masters and their states go to swap files."""
@@ -162,13 +158,7 @@ class Stage3Strategy:
             return
         from .nvme import OptimizerSwap
 
-        shard = sum(p.ds_shard_numel for p in self.trainable)
-        swapper = self._swapper(
-            self.options.optimizer_nvme_path,
-            "optimizer",
-            12 * shard,  # fp32 master + two fp32 moments
-            "zero_optimization.offload_optimizer.nvme_path",
-        )
+        swapper = self._swapper(self.options.optimizer_nvme_path, "optimizer")
         self.optimizer_swap = OptimizerSwap(swapper, self.options.sub_group_numel)
         self.optimizer_swap.attach(
             optimizer, self.trainable, [self.masters[id(p)] for p in self.trainable]
@@ -283,8 +273,7 @@ class Stage3Strategy:
 
     def _refresh_persistent(self, trainable_only: bool = True) -> None:
         """Persistent parameters stay gathered: their new values come from every rank."""
-        params: list[Any] = list(self.module.parameters())
-        persistent = [p for p in params if p.ds_persist and (p.requires_grad or not trainable_only)]
+        persistent = [p for p in self.persistent if p.requires_grad or not trainable_only]
         release_params(persistent, force=True)
         gather_params(persistent)
 
