@@ -448,6 +448,38 @@ def report(summary: dict[str, Any], args: argparse.Namespace, limits: dict[str, 
             print(f"  {case} vs {peer:<9} >= {target:.1f}x   got {shown:>6}  {verdict}")
 
 
+def run_rounds(
+    contenders: dict[str, Any], rounds: int, measure: Any, t_start: float
+) -> list[dict[str, float]]:
+    """Every contender once per round, in reverse order every other round; the machine's
+    limits measured (measure()) after each round. Returns those measurements."""
+    names = list(contenders)
+    limit_runs: list[dict[str, float]] = []
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            contenders[name].run_round()
+        limit_runs.append(measure())
+        print(
+            f"  round {r + 1}/{rounds} done ({time.perf_counter() - t_start:.0f} s)",
+            file=sys.stderr,
+        )
+    return limit_runs
+
+
+def median_limits(limit_runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: median([x[k] for x in limit_runs]) for k in limit_runs[0]} if limit_runs else {}
+
+
+def finish(name: str, payload: dict[str, Any], contenders: dict[str, Any], smoke: bool) -> int:
+    """Write the result, repeat a busy warning last, and exit 1 if one of ours failed."""
+    path = write_result(name, payload, smoke=smoke)
+    if payload.get("busy_warning"):
+        print(payload["busy_warning"])
+    print(f"\nwrote {path} ({payload['wall_s']:.0f} s)")
+    failed = [n for n, c in contenders.items() if c.skipped and c.impl != "upstream"]
+    return 1 if failed else 0
+
+
 def main() -> int:
     args = parse_args()
     warning = busy_warning()
@@ -460,18 +492,12 @@ def main() -> int:
         for case in args.cases
         for impl in IMPLS
     }
-    names = list(contenders)
     limit_runs: list[dict[str, float]] = []
     try:
-        for r in range(args.rounds):
-            order = names if r % 2 == 0 else names[::-1]
-            for name in order:
-                contenders[name].run_round()
-            limit_runs.append(measure_limits(args))
-            print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr)
+        limit_runs = run_rounds(contenders, args.rounds, lambda: measure_limits(args), t_start)
     finally:
         leftover = reap(run_id)
-    limits = {k: median([x[k] for x in limit_runs]) for k in limit_runs[0]} if limit_runs else {}
+    limits = median_limits(limit_runs)
     flops = model_flops_per_step(args)
     summary = summarize(contenders, args, flops)
     if limits:
@@ -504,12 +530,7 @@ def main() -> int:
         "busy_warning": warning,
         "wall_s": wall,
     }
-    path = write_result("ddp_step", payload, smoke=args.smoke)
-    if warning:
-        print(warning)
-    print(f"\nwrote {path} ({wall:.0f} s)")
-    failed = [n for n, c in contenders.items() if c.skipped and c.impl != "upstream"]
-    return 1 if failed else 0
+    return finish("ddp_step", payload, contenders, args.smoke)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 import zero_step as zs
-from common import busy_warning, machine_info, median, print_table, write_result
-from ddp_step import reap
+from common import busy_warning, machine_info, print_table
+from ddp_step import finish, median_limits, reap, run_rounds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from ddp_step_worker import _load_gpt  # noqa: E402  (stdlib-only at import time)
@@ -313,7 +313,6 @@ def main() -> int:
             c = Zero3Contender(impl, config, args, run_id)
             contenders[c.name] = c
     contenders[FSDP2] = Zero3Contender("fsdp2", "", args, run_id)
-    names = list(contenders)
     mem_args = argparse.Namespace(**{**vars(args), "steps": min(args.steps, 2)})
     memory = {
         n: Zero3Contender(c.impl, c.config, mem_args, run_id, env=MEMORY_ENV)
@@ -321,14 +320,7 @@ def main() -> int:
     }
     limit_runs: list[dict[str, float]] = []
     try:
-        for r in range(args.rounds):
-            for name in names if r % 2 == 0 else names[::-1]:
-                contenders[name].run_round()
-            limit_runs.append(zs.measure_limits(args))
-            print(
-                f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - t_start:.0f} s)",
-                file=sys.stderr,
-            )
+        limit_runs = run_rounds(contenders, args.rounds, lambda: zs.measure_limits(args), t_start)
         if args.no_memory_pass:
             memory = {}
         elif args.smoke:  # the target's config only, to keep the smoke run short
@@ -338,7 +330,7 @@ def main() -> int:
         print(f"  memory pass done ({time.perf_counter() - t_start:.0f} s)", file=sys.stderr)
     finally:
         leftover = reap(run_id)
-    limits = {k: median([x[k] for x in limit_runs]) for k in limit_runs[0]} if limit_runs else {}
+    limits = median_limits(limit_runs)
     summary = summarize(contenders, memory, args, act)
     if limits:
         report(summary, args, limits)
@@ -376,12 +368,7 @@ def main() -> int:
         "busy_warning": warning,
         "wall_s": wall,
     }
-    path = write_result("zero3_step", payload, smoke=args.smoke)
-    if warning:
-        print(warning)
-    print(f"\nwrote {path} ({wall:.0f} s)")
-    failed = [n for n, c in contenders.items() if c.skipped and c.impl != "upstream"]
-    return 1 if failed else 0
+    return finish("zero3_step", payload, contenders, args.smoke)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import busy_warning, copy_bandwidth, machine_info, median, print_table, write_result
-from ddp_step import Contender, gemm_gflops, reap
+from common import busy_warning, copy_bandwidth, machine_info, median, print_table
+from ddp_step import Contender, finish, gemm_gflops, median_limits, reap, run_rounds
 
 WORKER = Path(__file__).resolve().parent / "peers" / "zero_step_worker.py"
 MODEL = dict(n_layer=14, d_model=512, n_head=8, seq=128, vocab=8192)
@@ -310,20 +310,12 @@ def main() -> int:
             contenders[c.name] = c
     zr = ZeroContender("zero_redundancy", 1, False, args, run_id)
     contenders[zr.name] = zr
-    names = list(contenders)
     limit_runs: list[dict[str, float]] = []
     try:
-        for r in range(args.rounds):
-            for name in names if r % 2 == 0 else names[::-1]:
-                contenders[name].run_round()
-            limit_runs.append(measure_limits(args))
-            print(
-                f"  round {r + 1}/{args.rounds} done ({time.perf_counter() - t_start:.0f} s)",
-                file=sys.stderr,
-            )
+        limit_runs = run_rounds(contenders, args.rounds, lambda: measure_limits(args), t_start)
     finally:
         leftover = reap(run_id)
-    limits = {k: median([x[k] for x in limit_runs]) for k in limit_runs[0]} if limit_runs else {}
+    limits = median_limits(limit_runs)
     summary = summarize(contenders, args)
     if limits:
         report(summary, args, limits)
@@ -356,12 +348,7 @@ def main() -> int:
         "busy_warning": warning,
         "wall_s": wall,
     }
-    path = write_result("zero_step", payload, smoke=args.smoke)
-    if warning:
-        print(warning)
-    print(f"\nwrote {path} ({wall:.0f} s)")
-    failed = [n for n, c in contenders.items() if c.skipped and c.impl != "upstream"]
-    return 1 if failed else 0
+    return finish("zero_step", payload, contenders, args.smoke)
 
 
 if __name__ == "__main__":
