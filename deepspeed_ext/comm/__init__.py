@@ -13,9 +13,11 @@ from .collectives import (
     broadcast,
     broadcast_object,
     get_backend,
+    group_broadcast,
     new_group,
 )
 from .env import DistEnv, discover, free_port
+from .grid import PipelineParallelGrid
 from .init import (
     destroy_process_group,
     get_local_rank,
@@ -24,10 +26,28 @@ from .init import (
     init_distributed,
     is_initialized,
 )
+from .layout import (
+    AxisGroup,
+    ParallelLayout,
+    layout_from_mpu,
+    layout_from_topology,
+    world_layout,
+)
 from .sharded import all_gather_bucket, all_reduce_sum_, reduce_scatter_bucket
+from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
+    "AxisGroup",
     "DistEnv",
+    "ParallelLayout",
+    "PipeDataParallelTopology",
+    "PipeModelDataParallelTopology",
+    "PipelineParallelGrid",
+    "ProcessTopology",
+    "group_broadcast",
+    "layout_from_mpu",
+    "layout_from_topology",
+    "world_layout",
     "GradBuckets",
     "ReduceOp",
     "all_gather",

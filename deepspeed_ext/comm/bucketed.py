@@ -18,6 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .layout import resolve
+
 
 class GradBuckets:
     def __init__(
@@ -28,8 +30,7 @@ class GradBuckets:
         group: Any = None,
         average: bool = True,
     ) -> None:
-        self.group = group
-        self.world = dist.get_world_size(group) if dist.is_initialized() else 1
+        self.group, self.world = resolve(group)  # an AxisGroup: the data-parallel one
         self.average = average
         # [bucket] -> flat buffer; params laid out in reverse order
         self.buffers: list[torch.Tensor] = []

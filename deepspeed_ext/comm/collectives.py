@@ -11,52 +11,67 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .layout import AxisGroup, resolve
+
 ReduceOp = dist.ReduceOp
 
-
-def _active() -> bool:
-    return dist.is_initialized() and dist.get_world_size() > 1
+# Every `group` below is an AxisGroup (comm/layout.py), a torch process group, or None (the
+# world); over a group of one rank each call is a no-op or the identity.
 
 
 def barrier(group: Any = None) -> None:
-    if dist.is_initialized():
-        dist.barrier(group=group)
+    pg, size = resolve(group)
+    if size > 1:
+        dist.barrier(group=pg)
 
 
 def all_reduce(
     tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Any:
-    if not _active():
+    pg, size = resolve(group)
+    if size == 1:
         return None
-    return dist.all_reduce(tensor, op=op, group=group, async_op=async_op)
+    return dist.all_reduce(tensor, op=op, group=pg, async_op=async_op)
 
 
 def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
-    if not _active():
+    """src is a global rank (torch's convention); group_broadcast takes a group rank."""
+    pg, size = resolve(group)
+    if size == 1:
         return None
-    return dist.broadcast(tensor, src=src, group=group, async_op=async_op)
+    return dist.broadcast(tensor, src=src, group=pg, async_op=async_op)
+
+
+def group_broadcast(tensor: torch.Tensor, group: AxisGroup, group_src: int = 0) -> None:
+    """Broadcast from the rank at index group_src of an AxisGroup."""
+    if group.size > 1:
+        dist.broadcast(tensor, src=group.global_rank(group_src), group=group.group)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None) -> Any:
-    if not _active():
+    pg, size = resolve(group)
+    if size == 1:
         tensor_list[0].copy_(tensor)
         return None
-    return dist.all_gather(tensor_list, tensor, group=group)
+    return dist.all_gather(tensor_list, tensor, group=pg)
 
 
 def all_gather_object(obj: Any, group: Any = None) -> list[Any]:
-    if not _active():
+    pg, size = resolve(group)
+    if size == 1:
         return [obj]
-    out: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(out, obj, group=group)
+    out: list[Any] = [None] * size
+    dist.all_gather_object(out, obj, group=pg)
     return out
 
 
 def broadcast_object(obj: Any, src: int = 0, group: Any = None) -> Any:
-    if not _active():
+    """src is a global rank."""
+    pg, size = resolve(group)
+    if size == 1:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=group)
+    dist.broadcast_object_list(box, src=src, group=pg)
     return box[0]
 
 

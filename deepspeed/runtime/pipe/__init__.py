@@ -1,0 +1,15 @@
+"""`deepspeed.runtime.pipe`: upstream's import path (the topology classes so far)."""
+
+from deepspeed_ext.comm import (
+    PipeDataParallelTopology,
+    PipelineParallelGrid,
+    PipeModelDataParallelTopology,
+    ProcessTopology,
+)
+
+__all__ = [
+    "PipeDataParallelTopology",
+    "PipeModelDataParallelTopology",
+    "PipelineParallelGrid",
+    "ProcessTopology",
+]
