@@ -1,6 +1,6 @@
-"""Stage 0 (plain data parallelism) behind the engine's gradient-strategy interface
-(see zero/strategy.py for the calls): full fp32 masters for 16-bit models, gradients in
-all-reduced accumulation buckets ([Note: gradient path])."""
+"""Stage 0 (plain data parallelism) behind the gradient-strategy protocol ([Note: gradient
+strategy]): full fp32 masters for 16-bit models, gradients in accumulation buckets
+all-reduced over the data-parallel group ([Note: gradient path])."""
 
 from __future__ import annotations
 
@@ -8,20 +8,27 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.zero.norms import sum_of_squares
+from deepspeed_ext.zero.protocol import StrategyContext
+
 from .grad_accumulation import GradAccumulator
-from .grad_clip import global_norm
 from .precision import MasterWeights
 
 
 class DataParallelStrategy:
     stage = 0
 
-    def __init__(
-        self, module: torch.nn.Module, accum_dtype: torch.dtype, bucket_numel: int
-    ) -> None:
-        params = list(module.parameters())
+    def __init__(self, ctx: StrategyContext) -> None:
+        params = list(ctx.module.parameters())
         self.masters = MasterWeights(params)
-        self.grads = GradAccumulator(params, accum_dtype, bucket_numel)
+        self.grads = GradAccumulator(
+            params, ctx.accum_dtype, ctx.bucket_numel, ctx.data, ctx.is_boundary
+        )
+        trainable = [
+            dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in ctx.model_groups
+        ]
+        self.model_groups = [g for g in trainable if g["params"]]
+        self.mixed_grads_ok = False
 
     @property
     def sync_enabled(self) -> bool:
@@ -31,9 +38,10 @@ class DataParallelStrategy:
     def sync_enabled(self, value: bool) -> None:
         self.grads.sync_enabled = value
 
-    def optimizer_param_groups(self, model_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
+        """The model's groups with trainable params, each param replaced by its master."""
         of = self.masters.master_of
-        return [{**g, "params": [of[id(p)] for p in g["params"]]} for g in model_groups]
+        return [{**g, "params": [of[id(p)] for p in g["params"]]} for g in self.model_groups]
 
     def repoint(self, optimizer: torch.optim.Optimizer) -> None:
         self.masters.swap_into(optimizer)
@@ -44,9 +52,9 @@ class DataParallelStrategy:
     def end_backward(self) -> None:
         self.grads.finish()
 
-    def grad_norm(self) -> float:
-        # after the all-reduce every rank holds the same grads: the local norm is global
-        return global_norm(self.grads.flat())
+    def grad_sq_sum(self) -> float:
+        # after the all-reduce every data-parallel rank holds the same grads
+        return sum_of_squares(self.grads.flat())
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:

@@ -10,7 +10,6 @@ accumulation window (is_gradient_accumulation_boundary()).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,16 +17,18 @@ import torch
 
 from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import PhaseTimers, StepMetrics, writers_from_config
 from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
 from .dataloader import DeepSpeedDataLoader, batch_tokens
-from .dp_strategy import DataParallelStrategy
-from .grad_clip import clip_factor
 from .lr_schedules import get_lr_scheduler
+from .optimizer_step import optimizer_step
 from .optimizers import build_optimizer
 from .precision import make_loss_scaler
+from .strategy_factory import make_strategy
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
 # DDP's default bucket: big enough to amortize a collective, small enough to overlap backward.
@@ -45,13 +46,26 @@ class DeepSpeedEngine(torch.nn.Module):
         lr_scheduler: Any = None,
         collate_fn: Any = None,
         dist_init_required: bool | None = None,
+        mpu: Any = None,
     ) -> None:
         super().__init__()
         comm.init_distributed(dist_init_required=dist_init_required, verbose=False)
         self.world_size = comm.get_world_size()
         self.rank = comm.get_rank()
+        # [Note: parallel layout]: every data-parallel collective runs over layout.data
+        self.layout = parallel_layout.layout_for(mpu)
+        parallel_layout.set_current(self.layout)
+        self.mpu = mpu
+        self.dp_world_size = self.layout.data.size
+        self.dp_rank = self.layout.data.rank
+        self.mp_world_size = self.layout.model.size
         self.config = config
-        sizes = config.resolve_batch(self.world_size, "the torch.distributed world size")
+        source = (
+            "the torch.distributed world size"
+            if mpu is None
+            else f"the data-parallel size ({self.layout.describe()})"
+        )
+        sizes = config.resolve_batch(self.dp_world_size, source)
         self._train_batch_size = sizes.train_batch_size
         self._micro_batch_size = sizes.micro
         self._gas = sizes.gas
@@ -71,9 +85,24 @@ class DeepSpeedEngine(torch.nn.Module):
         accum = self._accum_dtype(params)
         elem = torch.tensor([], dtype=accum).element_size()
         model_groups = self._model_param_groups(optimizer, model_parameters)
-        self.strategy = self._make_strategy(model_groups, accum, self._bucket_numel(elem))
+        self.strategy: GradientStrategy = make_strategy(
+            StrategyContext(
+                module=self.module,
+                model_groups=model_groups,
+                accum_dtype=accum,
+                bucket_numel=self._bucket_numel(elem),
+                device=self.device,
+                optimizer_device=optimizer_device(config, self.device),
+                data=self.layout.data,
+                global_rank=self.rank,
+                zero=config.zero_optimization,
+                aio=config.aio.model_dump(),
+                is_boundary=self.is_gradient_accumulation_boundary,
+            ),
+            self.zero_optimization_stage(),
+        )
         self.loss_scaler = make_loss_scaler(config.fp16) if config.fp16.enabled else None
-        self.optimizer = self._make_optimizer(optimizer, model_groups)
+        self.optimizer = self._make_optimizer(optimizer)
         if self.zero_optimization_stage():
             check_zero_optimizer(self.optimizer, config, client=optimizer is not None)
             self.strategy.mixed_grads_ok = isinstance(self.optimizer, CPU_OPTIMIZERS)
@@ -89,7 +118,7 @@ class DeepSpeedEngine(torch.nn.Module):
             config.steps_per_print,
             writers_from_config(config) if self.rank == 0 else [],
             acc.max_memory_allocated,
-            self.world_size,
+            self.dp_world_size,
             self.timers,
         )
         self.global_steps = 0
@@ -121,12 +150,12 @@ class DeepSpeedEngine(torch.nn.Module):
         return DEFAULT_BUCKET_BYTES // elem_size
 
     def _broadcast_module(self) -> None:
-        """Start every rank from rank 0's weights and buffers, as DDP does."""
-        if self.world_size > 1:
-            with torch.no_grad():
-                for t in [*self.module.parameters(), *self.module.buffers()]:
-                    if not hasattr(t, "ds_id"):  # zero.Init broadcast those at construction
-                        comm.broadcast(t.data, src=0)
+        """Start every data-parallel rank from its group's rank 0 weights and buffers, as DDP
+        does (other model-parallel ranks hold other parts of the model)."""
+        with torch.no_grad():
+            for t in [*self.module.parameters(), *self.module.buffers()]:
+                if not hasattr(t, "ds_id"):  # zero.Init broadcast those at construction
+                    comm.group_broadcast(t.data, self.layout.data)
 
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
         """The model's param groups: a client optimizer's, model_parameters (params or groups),
@@ -140,48 +169,13 @@ class DeepSpeedEngine(torch.nn.Module):
             return [dict(g, params=list(g["params"])) for g in items]
         return [{"params": items}]
 
-    def _make_strategy(self, groups: list[dict[str, Any]], accum: torch.dtype, bucket: int) -> Any:
-        stage = self.zero_optimization_stage()
-        if stage < 3 and any(hasattr(p, "ds_id") for p in self.module.parameters()):
-            raise ValueError(
-                f"the model was built under deepspeed.zero.Init (its parameters are partitioned)"
-                f" but zero_optimization.stage is {stage}: set zero_optimization.stage to 3, "
-                "or build the model without zero.Init"
-            )
-        if stage == 0:
-            return DataParallelStrategy(self.module, accum, bucket)
-        if stage == 3:
-            from deepspeed_ext.zero.stage3 import Stage3Options, Stage3Strategy
-
-            return Stage3Strategy(
-                self.module,
-                groups,
-                accum,
-                self.device,
-                optimizer_device(self.config, self.device),
-                Stage3Options(self.config.zero_optimization, bucket, self.config.aio.model_dump()),
-            )
-        from deepspeed_ext.zero import ZeroStrategy
-
-        return ZeroStrategy(
-            self.module, groups, stage, bucket, accum, optimizer_device(self.config, self.device)
-        )
-
-    def _optimizer_groups(self, model_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if self.zero_optimization_stage():
-            return self.strategy.optimizer_param_groups()
-        trainable = [
-            dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in model_groups
-        ]
-        return self.strategy.optimizer_param_groups([g for g in trainable if g["params"]])
-
-    def _make_optimizer(self, client: Any, model_groups: list[dict[str, Any]]) -> Any:
+    def _make_optimizer(self, client: Any) -> Any:
         """A client optimizer object (re-pointed at the fp32 masters or partitions), a callable
         taking the param groups, or the config's optimizer section."""
         if isinstance(client, torch.optim.Optimizer):
             self.strategy.repoint(client)
             return client
-        groups = self._optimizer_groups(model_groups)
+        groups = self.strategy.optimizer_param_groups()
         if callable(client):
             return client(groups)
         if client is not None:
@@ -213,8 +207,12 @@ class DeepSpeedEngine(torch.nn.Module):
     def deepspeed_io(
         self, dataset: Any, batch_size: int | None = None, collate_fn: Any = None
     ) -> Any:
-        return DeepSpeedDataLoader(
-            dataset, batch_size or self._micro_batch_size, self.rank, self.world_size, collate_fn
+        return DeepSpeedDataLoader(  # one shard per data-parallel rank
+            dataset,
+            batch_size or self._micro_batch_size,
+            self.dp_rank,
+            self.dp_world_size,
+            collate_fn,
         )
 
     # -- training ----------------------------------------------------------------------------
@@ -248,36 +246,32 @@ class DeepSpeedEngine(torch.nn.Module):
                 self._global_grad_norm,
             )
         self.micro_steps += 1
-        self.global_samples += self._micro_batch_size * self.world_size
+        self.global_samples += self._micro_batch_size * self.dp_world_size
         self._boundary_override = None
 
     def _model_step(self, lr_kwargs: dict[str, Any]) -> None:
-        inv_scale = 1.0 / self.loss_scaler.loss_scale if self.loss_scaler else 1.0
-        norm = self.strategy.grad_norm() * inv_scale  # global: every rank gets the same value
-        self.overflow = self.loss_scaler is not None and not math.isfinite(norm)
+        """[Note: optimizer step]: shared with the pipeline engine."""
+        scale = self.loss_scaler.loss_scale if self.loss_scaler else None
+        out = optimizer_step(
+            self.strategy,
+            self.optimizer,
+            self.loss_scaler,
+            self.lr_scheduler,
+            float(self.config.gradient_clipping or 0.0),
+            self.layout.pipe,
+            lr_kwargs,
+        )
+        self.overflow = out.overflow
         if self.optimizer is not None:  # upstream's optimizers carry it; the HF Trainer reads it
-            self.optimizer.overflow = self.overflow
-        if self.overflow:
+            self.optimizer.overflow = out.overflow
+        if out.overflow:
             self.skipped_steps += 1
-            scale = self.loss_scaler.loss_scale  # type: ignore[union-attr]
-            self.loss_scaler.update(True)  # type: ignore[union-attr]
             logger.info(
                 f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; loss scale "
                 f"{scale:g} -> {self.loss_scaler.loss_scale:g}"  # type: ignore[union-attr]
             )
         else:
-            clip = float(self.config.gradient_clipping or 0.0)
-            self.strategy.scale_grads_(clip_factor(inv_scale, norm, clip))
-            self._global_grad_norm = norm
-            if self.optimizer is not None:
-                self.strategy.before_step()
-                self.strategy.optimizer_step(self.optimizer)
-                self.strategy.after_step()
-            if self.loss_scaler is not None:
-                self.loss_scaler.update(False)
-            if self.lr_scheduler is not None:
-                self.lr_scheduler.step(**lr_kwargs)
-        self.strategy.zero_grads()
+            self._global_grad_norm = out.norm
         self.global_steps += 1
 
     def is_gradient_accumulation_boundary(self) -> bool:

@@ -12,11 +12,13 @@ as per-param views for the optimizer, clipping and get_global_grad_norm.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from deepspeed_ext.comm import GradBuckets
+from deepspeed_ext.zero.backward_end import EndOfBackward
 
 
 class GradAccumulator:
@@ -26,28 +28,37 @@ class GradAccumulator:
         accum_dtype: torch.dtype,
         bucket_numel: int,
         group: Any = None,
+        is_boundary: Callable[[], bool] = lambda: True,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.buckets = GradBuckets(self.params, bucket_numel, accum_dtype, group=group)
         self.reduce_now = False  # set by the engine before a boundary micro-step's backward
+        self.begun = False  # begin() ran for the backward under way
+        self.is_boundary = is_boundary  # for a backward the engine did not begin
         self.sync_enabled = True  # False inside engine.no_sync()
+        self.end = EndOfBackward(self.finish)  # [Note: end of backward]
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
 
     def _hook(self, p: torch.Tensor) -> None:
         assert p.grad is not None
         self.buckets.grad_view(p).add_(p.grad)
         p.grad = None
+        if not self.begun:  # a plain loss.backward(): the engine's boundary decides
+            self.begin(self.is_boundary())
+        self.end.arm()
         if self.reduce_now:
             self.buckets.mark_ready(p)
 
     def begin(self, boundary: bool) -> None:
         """Called before a micro-step's backward."""
+        self.begun = True
         self.reduce_now = boundary and self.sync_enabled
         if self.reduce_now:
             self.buckets.start()
 
     def finish(self) -> None:
-        """Called after a boundary micro-step's backward: complete the all-reduce."""
+        """Called after a micro-step's backward: complete a boundary's all-reduce."""
+        self.begun = False
         if self.reduce_now:
             self.buckets.wait()
             self.reduce_now = False

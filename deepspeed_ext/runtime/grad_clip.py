@@ -1,19 +1,8 @@
-"""Global gradient norm over the flat buffers, and one fused unscale-and-clip multiply."""
+"""One fused unscale-and-clip multiply."""
 
 from __future__ import annotations
 
 import math
-
-import torch
-
-from deepspeed_ext.zero.norms import sum_of_squares
-
-
-def global_norm(flat: list[torch.Tensor]) -> float:
-    """L2 norm over all buffers (inf or nan when any element is)."""
-    if not flat:
-        return 0.0
-    return math.sqrt(sum_of_squares(flat))
 
 
 def clip_factor(inv_scale: float, norm: float, max_norm: float) -> float:

@@ -24,14 +24,13 @@ def initialize(
     config: Any = None,
     config_params: Any = None,
 ) -> tuple[DeepSpeedEngine, Any, Any, Any]:
-    """-> (engine, optimizer, training dataloader or None, lr scheduler or None)."""
+    """-> (engine, optimizer, training dataloader or None, lr scheduler or None).
+
+    mpu: a Megatron-style object (get_data_parallel_group(), get_model_parallel_*(), ...) or
+    a PipelineParallelGrid; data parallelism, ZeRO and batch sizes then run over its
+    data-parallel group ([Note: parallel layout])."""
     if model is None:
         raise ValueError("deepspeed.initialize needs model=<your torch.nn.Module>")
-    if mpu is not None:
-        raise NotImplementedError(
-            "mpu (tensor/pipeline model parallelism) is not in this version yet; "
-            "initialize without mpu for data parallelism"
-        )
     from_args = getattr(args, "deepspeed_config", None) if args is not None else None
     if config is None:
         config = config_params
@@ -54,6 +53,7 @@ def initialize(
         lr_scheduler=lr_scheduler,
         collate_fn=collate_fn,
         dist_init_required=dist_init_required,
+        mpu=mpu,
     )
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 

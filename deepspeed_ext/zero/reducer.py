@@ -14,12 +14,14 @@ order on every rank (a different order across ranks would mismatch the collectiv
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import reduce_scatter_bucket
+from deepspeed_ext.comm import AxisGroup, reduce_scatter_bucket
 
+from .backward_end import EndOfBackward
 from .sharded_group import ShardedGroup
 
 
@@ -29,8 +31,14 @@ class ShardedReducer:
         groups: list[ShardedGroup],
         accum_dtype: torch.dtype,
         reduce_every_micro_step: bool,
+        group: AxisGroup,
+        is_boundary: Callable[[], bool] = lambda: True,
         max_in_flight: int = 2,
     ) -> None:
+        self.dp = group  # data-parallel
+        self.is_boundary = is_boundary  # for a backward the engine did not begin
+        self.begun = False  # begin() ran for the backward under way
+        self.end = EndOfBackward(self.finish)  # [Note: end of backward]
         self.groups = groups
         self.accum_dtype = accum_dtype
         self.every_micro = reduce_every_micro_step
@@ -92,6 +100,9 @@ class ShardedReducer:
     def _hook(self, p: torch.Tensor) -> None:
         g, b = self.where[id(p)]
         i = self.index[(g, b)]
+        if not self.begun:  # a plain loss.backward(): the engine's boundary decides
+            self.begin(self.is_boundary())
+        self.end.arm()
         if i not in self.buffers:
             self.buffers[i] = self._new_buffer(i)
         assert p.grad is not None
@@ -102,6 +113,7 @@ class ShardedReducer:
             self._launch_ready()
 
     def begin(self, boundary: bool) -> None:
+        self.begun = True
         self.reduce_now = self.every_micro or boundary
         if self.reduce_now:
             self._pending = list(self.members)
@@ -121,7 +133,7 @@ class ShardedReducer:
         # In place: the result lands in this rank's own chunk of the bucket buffer, so no
         # per-step output buffers are allocated (glibc keeps such churn resident).
         out = self._own(buf, grp)
-        work = reduce_scatter_bucket(out, buf)
+        work = reduce_scatter_bucket(out, buf, group=self.dp)
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
             self.buffers.pop(i, None)  # the in-flight entry keeps it alive until reduced
@@ -141,6 +153,7 @@ class ShardedReducer:
         # stage 1: the rest of the bucket buffer is stale now; zero() clears it after the step
 
     def finish(self) -> None:
+        self.begun = False
         if not self.reduce_now:
             return
         while self._next < len(self.order):

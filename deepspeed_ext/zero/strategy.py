@@ -1,43 +1,35 @@
-"""ZeRO stages 1 and 2 behind the engine's gradient-strategy interface.
-
-The engine calls: attach_optimizer(opt) once it is built; begin_backward(boundary) /
-end_backward() around each micro-step's backward; then on a boundary grad_norm(),
-scale_grads_(f), before_step(), optimizer_step(opt), after_step(), zero_grads(). The optimizer
-sees one flat fp32 master partition per param group.
+"""ZeRO stages 1 and 2 behind the gradient-strategy protocol ([Note: gradient strategy]):
+partitions over the data-parallel group; the optimizer sees one flat fp32 master partition
+per param group.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_gather_bucket, all_reduce_sum_, get_rank, get_world_size
+from deepspeed_ext.comm import all_gather_bucket, all_reduce_sum_
 
 from .layout import GroupLayout, plan_group
 from .norms import sum_of_squares
+from .protocol import StrategyContext
 from .reducer import ShardedReducer
 from .sharded_group import ShardedGroup
 
 
 class ZeroStrategy:
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        model_groups: list[dict[str, Any]],
-        stage: int,
-        bucket_numel: int,
-        accum_dtype: torch.dtype,
-        optimizer_device: torch.device,
-    ) -> None:
+    def __init__(self, ctx: StrategyContext, stage: int) -> None:
         self.stage = stage
-        self.world = get_world_size()
-        self.rank = get_rank()
-        names = {id(p): n for n, p in module.named_parameters()}
+        self.dp = ctx.data
+        self.world = ctx.data.size
+        self.rank = ctx.data.rank
+        bucket_numel = ctx.bucket_numel
+        optimizer_device = ctx.optimizer_device
+        names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.groups: list[ShardedGroup] = []
         self.group_options: list[dict[str, Any]] = []
-        for g in model_groups:
+        for g in ctx.model_groups:
             trainable = [p for p in g["params"] if p.requires_grad]
             if not trainable:
                 continue
@@ -47,13 +39,19 @@ class ZeroStrategy:
             )
             self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
             self.group_options.append({k: v for k, v in g.items() if k != "params"})
-        self.reducer = ShardedReducer(self.groups, accum_dtype, reduce_every_micro_step=stage >= 2)
+        self.reducer = ShardedReducer(
+            self.groups,
+            ctx.accum_dtype,
+            stage >= 2,
+            ctx.data,
+            lambda: ctx.is_boundary() and self.sync_enabled,
+        )
         self.sync_enabled = True
         # Our CPU optimizers take 16-bit grads for fp32 masters as they are; others get fp32.
         self.mixed_grads_ok = False
 
     # -- optimizer wiring --
-    def optimizer_param_groups(self, model_groups: Any = None) -> list[dict[str, Any]]:
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """Built from the groups given at construction: one fp32 master per bucket chunk."""
         return [
             {**opts, "params": list(grp.masters)}
@@ -83,12 +81,13 @@ class ZeroStrategy:
         self.reducer.finish()
 
     # -- the step --
-    def grad_norm(self) -> float:
+    def grad_sq_sum(self) -> float:
+        """Sum of squares over the whole replica's gradients (every partition)."""
         sq = torch.tensor(
             sum_of_squares([g for grp in self.groups for g in grp.grads]), dtype=torch.float64
         )
-        all_reduce_sum_(sq)
-        return math.sqrt(float(sq))
+        all_reduce_sum_(sq, group=self.dp)
+        return float(sq)
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:
@@ -115,7 +114,7 @@ class ZeroStrategy:
             for b, m in enumerate(grp.masters):
                 m.grad = None
                 own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype, non_blocking=True)
-                works.append(all_gather_bucket(grp.bucket_view(b), own))
+                works.append(all_gather_bucket(grp.bucket_view(b), own, group=self.dp))
                 if len(works) > 2:  # bound the backend's transient gather buffers
                     works.pop(0).wait()
         for w in works:

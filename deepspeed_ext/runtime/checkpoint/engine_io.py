@@ -80,29 +80,30 @@ def save_checkpoint(
             f"client_state keys {sorted(clash)} are reserved by the engine; rename them"
         )
     stage = engine.zero_optimization_stage()
+    # files are named by data-parallel rank and model-parallel rank (upstream's layout)
+    dp_rank, mp_rank = engine.dp_rank, engine.layout.model.rank
+    zero_file = layout.zero_optim_states_name(dp_rank, mp_rank)
     if comm.get_rank() == 0:
         safe_load.check_loadable(client_state, "client_state")
         atomic.prepare(save_dir, tag)
     comm.barrier()
     tmp = atomic.tmp_dir_for(save_dir, tag)
     if stage == 3:  # every rank writes its shards ([Note: stage-3 checkpoint])
-        torch.save(
-            zero3_io.rank_payload(engine), tmp / layout.zero_optim_states_name(comm.get_rank())
-        )
+        torch.save(zero3_io.rank_payload(engine), tmp / zero_file)
     elif stage:  # every rank writes its own partition
         torch.save(
             {
                 "optimizer_state_dict": engine.optimizer.state_dict(),
                 "fp32_partitions": engine.strategy.master_partitions(),
                 "zero_stage": stage,
-                "partition_count": comm.get_world_size(),
+                "partition_count": engine.dp_world_size,
                 "zero_layouts": engine.strategy.layouts(),
                 "ds_version": __version__,
             },
-            tmp / layout.zero_optim_states_name(comm.get_rank()),
+            tmp / zero_file,
         )
     comm.barrier()
-    if comm.get_rank() == 0:
+    if dp_rank == 0:  # one model-states file per model-parallel rank
         state = {
             "module": zero3_io.module_buffers(engine)
             if stage == 3
@@ -126,14 +127,16 @@ def save_checkpoint(
             "global_samples": engine.global_samples,
             "skipped_steps": engine.skipped_steps,
             "micro_steps": engine.micro_steps,
-            "dp_world_size": comm.get_world_size(),
-            "mp_world_size": 1,
+            "dp_world_size": engine.dp_world_size,
+            "mp_world_size": engine.mp_world_size,
             "ds_config": engine.config.to_dict(),
             "ds_version": __version__,
             "rng": _rng_state(),
             **client_state,
         }
-        torch.save(state, tmp / layout.model_states_name())
+        torch.save(state, tmp / layout.model_states_name(mp_rank))
+    comm.barrier()
+    if comm.get_rank() == 0:
         atomic.commit(save_dir, tag)
         if stage:
             _write_zero_to_fp32_script(save_dir)
@@ -162,7 +165,7 @@ def load_checkpoint(
                 "specific checkpoint."
             )
             return None, None
-    path = load_dir / str(tag) / layout.model_states_name()
+    path = load_dir / str(tag) / layout.model_states_name(engine.layout.model.rank)
     state = safe_load.load(path)
     stage = engine.zero_optimization_stage()
     if stage == 3 or state.get("zero3_params"):
@@ -245,12 +248,13 @@ def _load_zero_partition(engine: Any, ckpt_dir: Path, saved_stage: int) -> None:
             f"{ckpt_dir} was written without ZeRO (stage 0); load it with "
             "load_optimizer_states=False, or train with the stage it was saved with"
         )
-    first = safe_load.load(ckpt_dir / layout.zero_optim_states_name(0))
+    mp = engine.layout.model.rank
+    first = safe_load.load(ckpt_dir / layout.zero_optim_states_name(0, mp))
     saved_world = int(first["partition_count"])
-    if saved_world != comm.get_world_size():
+    if saved_world != engine.dp_world_size:
         _load_zero_resharded(engine, ckpt_dir, saved_world, first)
         return
-    part = safe_load.load(ckpt_dir / layout.zero_optim_states_name(comm.get_rank()))
+    part = safe_load.load(ckpt_dir / layout.zero_optim_states_name(engine.dp_rank, mp))
     engine.strategy.check_layouts(part["zero_layouts"])
     engine.optimizer.load_state_dict(part["optimizer_state_dict"])
     engine.strategy.load_master_partitions(part["fp32_partitions"])
@@ -283,13 +287,15 @@ def _load_zero_resharded(engine: Any, ckpt_dir: Path, saved_world: int, first: A
     from deepspeed_ext.zero.layout import GroupLayout
     from deepspeed_ext.zero.reshard import chunks_for, full_by_name, split_partition
 
+    mp = engine.layout.model.rank
     parts = [first] + [
-        safe_load.load(ckpt_dir / layout.zero_optim_states_name(r)) for r in range(1, saved_world)
+        safe_load.load(ckpt_dir / layout.zero_optim_states_name(r, mp))
+        for r in range(1, saved_world)
     ]
     old_layouts = [GroupLayout.from_dict(d) for d in first["zero_layouts"]]
     new_layouts = engine.strategy.group_layouts()
     engine.strategy.check_names(old_layouts)
-    rank = comm.get_rank()
+    rank = engine.dp_rank
     masters = []
     for g, (old, new) in enumerate(zip(old_layouts, new_layouts)):
         per_rank = [split_partition(old, p["fp32_partitions"][g]) for p in parts]
@@ -326,5 +332,6 @@ def _load_zero_resharded(engine: Any, ckpt_dir: Path, saved_world: int, first: A
     engine.optimizer.load_state_dict({"state": state, "param_groups": groups})
     engine.strategy.load_master_partitions(masters)
     logger.info(
-        f"resharded ZeRO checkpoint {ckpt_dir} from {saved_world} to {comm.get_world_size()} ranks"
+        f"resharded ZeRO checkpoint {ckpt_dir} from {saved_world} to {engine.dp_world_size} "
+        "data-parallel ranks"
     )

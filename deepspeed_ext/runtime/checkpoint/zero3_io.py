@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext import comm
 from deepspeed_ext.zero.stage3.param import own_slice, read_shard, shard_numel, write_shard
 
 from . import layout, safe_load
@@ -66,7 +65,7 @@ def rank_payload(engine: Any) -> dict[str, Any]:
         "fp32_masters": masters,
         "optimizer_state_dict": opt,
         "zero_stage": 3,
-        "partition_count": comm.get_world_size(),
+        "partition_count": engine.dp_world_size,
     }
 
 
@@ -84,8 +83,8 @@ def full_from_shards(shards: list[torch.Tensor], shape: tuple[int, ...]) -> torc
 def load(engine: Any, ckpt_dir: Path, state: dict[str, Any], load_optimizer: bool) -> None:
     """Shards, masters and (optionally) optimizer state from the saved ranks, re-cut when the
     world size differs."""
-    rank, world = comm.get_rank(), comm.get_world_size()
-    first = safe_load.load(ckpt_dir / layout.zero_optim_states_name(0))
+    rank, world, mp = engine.dp_rank, engine.dp_world_size, engine.layout.model.rank
+    first = safe_load.load(ckpt_dir / layout.zero_optim_states_name(0, mp))
     if int(first.get("zero_stage") or 0) != 3:
         raise CheckpointError(
             f"{ckpt_dir} was not written by ZeRO stage 3; train with the stage it was saved with"
@@ -94,7 +93,7 @@ def load(engine: Any, ckpt_dir: Path, state: dict[str, Any], load_optimizer: boo
     same = saved_world == world
     ranks = [rank] if same else list(range(saved_world))
     parts = [
-        first if r == 0 else safe_load.load(ckpt_dir / layout.zero_optim_states_name(r))
+        first if r == 0 else safe_load.load(ckpt_dir / layout.zero_optim_states_name(r, mp))
         for r in ranks
     ]
     shapes = dict(state["zero3_params"]["params"])
@@ -129,7 +128,7 @@ def _reshard_optimizer(
 ) -> dict[str, Any]:
     """Per-parameter optimizer states keep their index (the groups hold the same parameters
     in the same order at any world size); shard-sized tensors are re-cut."""
-    rank, world = comm.get_rank(), comm.get_world_size()
+    rank, world = engine.dp_rank, engine.dp_world_size
     s = engine.strategy
     names = [s.param_name(p) for grp in s.group_params for p in grp]
     state: dict[int, dict[str, Any]] = {}

@@ -33,13 +33,8 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import (
-    all_gather_bucket,
-    all_gather_object,
-    get_rank,
-    get_world_size,
-    new_group,
-)
+from deepspeed_ext.comm import AxisGroup, all_gather_bucket, all_gather_object
+from deepspeed_ext.comm.layout import side_group
 
 from .gather import gather_params
 from .param import ZeroParamStatus
@@ -59,7 +54,9 @@ class GatherCoordinator:
         prefetch_numel: int,
         max_live_numel: int,
         max_reuse_distance: int,
+        group: AxisGroup,
     ) -> None:
+        self.dp = group  # the data-parallel ranks, which must gather in step
         self.names = names  # module index -> qualified name
         self.params = params  # module index -> the parameters it gathers
         self.numel = [sum(p.ds_numel for p in ps) for ps in params]
@@ -76,11 +73,11 @@ class GatherCoordinator:
         self.ahead_numel = 0  # ... and holds this many elements
         self.following = True  # this micro-step still matches the trace
         mode = os.environ.get("DS_ZERO3_ORDER_CHECK", "1").lower()
-        self.check = mode not in ("0", "false", "off") and get_world_size() > 1
+        self.check = mode not in ("0", "false", "off") and group.size > 1
         self.check_all = mode == "all"
         # Its own (CPU) group: on the main one the check would queue behind the bulk
         # prefetch gathers and reduce-scatters in flight, and wait for them every fetch.
-        self.group = new_group(backend="gloo") if self.check else None
+        self.group = side_group(group) if self.check else None
         self.timeout = timedelta(seconds=float(os.environ.get("DS_ZERO3_ORDER_TIMEOUT", "60")))
         self.stats = {"fetches": 0, "prefetched": 0, "kept": 0}  # counts, for tests and logs
 
@@ -177,7 +174,7 @@ class GatherCoordinator:
 
     # -- [Note: stage-3 order check] --
     def _check_order(self, index: int, phase: int) -> None:
-        world = get_world_size()
+        world = self.dp.size
         mine = torch.tensor([len(self.recording), index, phase, self.digest], dtype=torch.int64)
         everyone = torch.empty(4 * world, dtype=torch.int64)
         work = all_gather_bucket(everyone, mine, group=self.group)
@@ -185,7 +182,8 @@ class GatherCoordinator:
             work.wait(self.timeout)
         except RuntimeError as exc:
             raise RankDivergenceError(
-                f"ZeRO-3: rank {get_rank()} waited {self.timeout.total_seconds():.0f} s for "
+                f"ZeRO-3: rank {self.dp.global_rank(self.dp.rank)} waited "
+                f"{self.timeout.total_seconds():.0f} s for "
                 f"the other ranks at gather #{len(self.recording)} (module "
                 f"'{self.names[index]}'): some rank is running a different sequence of "
                 f"forwards/backwards or is stuck ({str(exc).splitlines()[0]})"
@@ -196,7 +194,7 @@ class GatherCoordinator:
         if all(r[:3] == rows[0][:3] for r in rows):  # same place, different ways there
             rows = self._first_difference()
         where = "; ".join(
-            f"rank {r}: gather #{n} of module '{self._name(i)}' in "
+            f"rank {self.dp.global_rank(r)}: gather #{n} of module '{self._name(i)}' in "
             f"{'backward' if ph else 'forward'}"
             for r, (n, i, ph, *_) in enumerate(rows)
         )

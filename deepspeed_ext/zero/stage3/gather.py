@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_gather_bucket, get_world_size
+from deepspeed_ext.comm import all_gather_bucket
 
 from .param import ZeroParamStatus, ensure_storage, is_zero_param, read_shard, release, set_full
 
@@ -31,9 +31,9 @@ class GatherHandle:
         if self.done:
             return
         self.done = True
-        world = get_world_size()
         for work, recv, params in self.jobs:
             work.wait()
+            world = params[0].ds_process_group.size
             if len(params) == 1 and recv is params[0].ds_flat:  # gathered in place
                 set_full(params[0])
                 params[0].ds_handle = None
@@ -75,7 +75,7 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
     """Gather every partitioned parameter in `params` that is not AVAILABLE. Parameters
     already in flight are waited for, not gathered twice."""
     handle = GatherHandle()
-    todo: dict[torch.dtype, list[Any]] = {}
+    todo: dict[tuple[torch.dtype, int], list[Any]] = {}  # (dtype, id(group)) -> params
     pending: list[GatherHandle] = []
     for p in params:
         if not is_zero_param(p):
@@ -83,9 +83,9 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
         if p.ds_status is ZeroParamStatus.INFLIGHT:
             pending.append(p.ds_handle)
         elif p.ds_status is ZeroParamStatus.NOT_AVAILABLE:
-            todo.setdefault(p.dtype, []).append(p)
-    world = get_world_size()
+            todo.setdefault((p.dtype, id(p.ds_process_group)), []).append(p)
     for group in todo.values():
+        dp = group[0].ds_process_group
         lone = [p for p in group if p.ds_numel >= LONE_NUMEL]
         shared = [p for p in group if p.ds_numel < LONE_NUMEL]
         for batch in [[p] for p in lone] + ([shared] if shared else []):
@@ -95,8 +95,8 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
                 ensure_storage(batch[0])
                 recv = batch[0].ds_flat
             else:
-                recv = torch.empty(world * send.numel(), dtype=send.dtype, device=device)
-            handle.jobs.append((all_gather_bucket(recv, send), recv, batch))
+                recv = torch.empty(dp.size * send.numel(), dtype=send.dtype, device=device)
+            handle.jobs.append((all_gather_bucket(recv, send, group=dp), recv, batch))
             for p in batch:
                 p.ds_status = ZeroParamStatus.INFLIGHT
                 p.ds_handle = handle

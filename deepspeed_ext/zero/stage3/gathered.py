@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import broadcast, get_rank, get_world_size
+from deepspeed_ext.comm import group_broadcast
 
 from .gather import gather_params, release_params
 from .param import is_zero_param, own_slice, write_shard
@@ -59,12 +59,14 @@ class GatheredParameters:
 
     @torch.no_grad()
     def _scatter_changes(self) -> None:
-        rank, world = get_rank(), get_world_size()
-        for dtype in {p.dtype for p in self.params}:
-            same = [p for p in self.params if p.dtype == dtype]
+        groups = {(p.dtype, id(p.ds_process_group)): p.ds_process_group for p in self.params}
+        for (dtype, gid), dp in groups.items():
+            same = [p for p in self.params if p.dtype == dtype and id(p.ds_process_group) == gid]
             flat = torch.cat([p.data.reshape(-1) for p in same])
-            if world > 1:
-                broadcast(flat, src=int(self.modifier_rank))  # type: ignore[arg-type]
+            # modifier_rank counts within the data-parallel group (the whole world without
+            # model parallelism)
+            group_broadcast(flat, dp, int(self.modifier_rank))  # type: ignore[arg-type]
+            rank, world = dp.rank, dp.size
             off = 0
             for p in same:
                 full = flat[off : off + p.ds_numel]

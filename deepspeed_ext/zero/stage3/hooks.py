@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -45,7 +46,14 @@ def _tensors(obj: Any) -> list[torch.Tensor]:
 
 
 class ModuleHooks:
-    def __init__(self, root: torch.nn.Module, options: Any) -> None:
+    def __init__(
+        self,
+        root: torch.nn.Module,
+        options: Any,
+        group: Any,
+        on_backward: Callable[[], None],
+    ) -> None:
+        self.on_backward = on_backward  # a backward pass reached a module: arm its end
         self.handles: list[Any] = []
         self.index: dict[int, int] = {}  # id(module) -> module index
         names: list[str] = []
@@ -57,6 +65,7 @@ class ModuleHooks:
             options.prefetch_numel,
             options.max_live_numel,
             options.max_reuse_distance,
+            group,
         )
         self.params = params
         # prepended: the micro-step begins before the root's own parameters are fetched
@@ -106,6 +115,7 @@ class ModuleHooks:
             def pre_backward(grad: torch.Tensor) -> torch.Tensor:
                 if not fired[0]:
                     fired[0] = True
+                    self.on_backward()
                     self.coordinator.fetch(i, BACKWARD)
                 return grad
 

@@ -24,7 +24,8 @@ from typing import Any
 import torch
 
 from deepspeed_ext.accelerator import get_accelerator
-from deepspeed_ext.comm import broadcast, get_rank, get_world_size, init_distributed, is_initialized
+from deepspeed_ext.comm import group_broadcast, init_distributed, is_initialized
+from deepspeed_ext.comm.layout import data_axis
 
 from .param import convert, is_zero_param
 
@@ -96,11 +97,6 @@ class Init:
         self.enabled = enabled
         if not enabled:
             return
-        if data_parallel_group is not None or mpu is not None:
-            raise NotImplementedError(
-                "zero.Init(data_parallel_group=/mpu=): partitioning over a sub-group arrives "
-                "with model parallelism; partition over the whole world for now"
-            )
         cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
         zero = cfg.get("zero_optimization") or {}
         short = zero.get("param_persistence_threshold", _DEFAULT_PERSISTENCE)
@@ -114,7 +110,9 @@ class Init:
         self.dtype = dtype or self._config_dtype(cfg)
         if not is_initialized():
             init_distributed(verbose=False)
-        self.rank, self.world = get_rank(), get_world_size()
+        # partitioned over the data-parallel group: an explicit one, the mpu's, or the
+        # current layout's (the whole world without model parallelism)
+        self.group = data_axis(data_parallel_group, mpu)
         self._patched: list[tuple[type, Any]] = []
         if module is not None:
             self.partition_module(module)
@@ -141,11 +139,10 @@ class Init:
                 continue
             p.ds_name = f"{type(module).__name__}.{name}"  # the engine renames it by model path
             full = p.data.to(self._device(), dtype=self.dtype or p.dtype)
-            if self.world > 1:
-                broadcast(full, src=0)
+            group_broadcast(full, self.group)  # every replica starts from its group's rank 0
             p.data = full
             persist = p.numel() <= self.persistence
-            convert(p, self.rank, self.world, self.shard_device, full.device, persist)
+            convert(p, self.group, self.shard_device, full.device, persist)
             if self.pin_memory and self.shard_device.type == "cpu" and full.device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()
 

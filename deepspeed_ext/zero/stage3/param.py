@@ -17,6 +17,7 @@ Attributes (upstream's names, which transformers and accelerate read):
   ds_tensor  [S] this rank's shard (model dtype; on the CPU with param offload)
   ds_status  ZeroParamStatus
   ds_persist bool: small parameters stay gathered (stage3_param_persistence_threshold)
+  ds_process_group  the data-parallel AxisGroup it is partitioned over (comm/layout.py)
 """
 
 from __future__ import annotations
@@ -61,8 +62,7 @@ def empty_like_param(p: torch.Tensor, device: torch.device | None = None) -> tor
 
 def convert(
     p: torch.nn.Parameter,
-    rank: int,
-    world: int,
+    group: Any,
     shard_device: torch.device,
     compute_device: torch.device,
     persist: bool,
@@ -70,9 +70,11 @@ def convert(
 ) -> None:
     """Turn a full parameter into a partitioned one (in place): its full value is kept as this
     rank's shard, and as a whole only if persistent. Callers make every rank's value equal
-    first (a broadcast)."""
+    first (a broadcast). group: the data-parallel AxisGroup to partition over."""
+    rank, world = group.rank, group.size
     full = p.data.to(compute_device, dtype=dtype or p.dtype)
     p.ds_id = next(_ids)  # type: ignore[attr-defined]
+    p.ds_process_group = group  # type: ignore[attr-defined]
     p.ds_shape = full.shape  # type: ignore[attr-defined]
     p.ds_numel = full.numel()  # type: ignore[attr-defined]
     p.ds_persist = persist  # type: ignore[attr-defined]

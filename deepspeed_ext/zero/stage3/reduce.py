@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import get_world_size, reduce_scatter_bucket
+from deepspeed_ext.comm import AxisGroup, reduce_scatter_bucket
 
 from .gather import fill_rows
 
@@ -29,9 +29,11 @@ class Stage3Reducer:
         accum_dtype: torch.dtype,
         grad_device: torch.device,
         bucket_numel: int,
+        group: AxisGroup,
         max_in_flight: int = 2,
     ) -> None:
-        self.world = get_world_size()
+        self.group = group  # data-parallel
+        self.world = group.size
         self.accum_dtype = accum_dtype
         self.bucket_numel = max(1, bucket_numel)
         self.max_in_flight = max_in_flight
@@ -66,7 +68,7 @@ class Stage3Reducer:
             fill_rows(buf[:, off : off + s], g.reshape(-1))
             off += s
         out = buf[0] if self.world == 1 else torch.empty(total, dtype=buf.dtype, device=device)
-        work = reduce_scatter_bucket(out, buf.view(-1))
+        work = reduce_scatter_bucket(out, buf.view(-1), group=self.group)
         self.in_flight.append((work, out, [p for p, _ in items]))
         while len(self.in_flight) > self.max_in_flight:
             self._complete()

@@ -1,19 +1,21 @@
-"""ZeRO stage 3 behind the engine's gradient-strategy interface (zero/strategy.py lists the
-calls): parameters partitioned ([Note: stage-3 parameter]), gathered by module hooks
-([Note: stage-3 hooks]), gradients reduce-scattered into shards ([Note: stage-3 gradient
-reduction]); the optimizer steps one fp32 master shard per parameter, written back into the
-parameter's shard with no collective (persistent parameters are re-gathered)."""
+"""ZeRO stage 3 behind the gradient-strategy protocol ([Note: gradient strategy]):
+parameters partitioned over the data-parallel group ([Note: stage-3 parameter]), gathered
+by module hooks ([Note: stage-3 hooks]), gradients reduce-scattered into shards ([Note:
+stage-3 gradient reduction]); the optimizer steps one fp32 master shard per parameter,
+written back into the parameter's shard with no collective (persistent parameters are
+re-gathered)."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_reduce_sum_, get_rank, get_world_size
+from deepspeed_ext.comm import all_reduce_sum_
 
+from ..backward_end import EndOfBackward
 from ..norms import sum_of_squares
+from ..protocol import StrategyContext
 from .gather import gather_params, release_params
 from .hooks import ModuleHooks
 from .param import (
@@ -52,16 +54,12 @@ class Stage3Options:
 class Stage3Strategy:
     stage = 3
 
-    def __init__(
-        self,
-        module: torch.nn.Module,
-        model_groups: list[dict[str, Any]],
-        accum_dtype: torch.dtype,
-        device: torch.device,
-        optimizer_device: torch.device,
-        options: Stage3Options,
-    ) -> None:
-        self.rank, self.world = get_rank(), get_world_size()
+    def __init__(self, ctx: StrategyContext, options: Stage3Options) -> None:
+        module, model_groups = ctx.module, ctx.model_groups
+        device, optimizer_device = ctx.device, ctx.optimizer_device
+        self.dp = ctx.data  # parameters are partitioned over the data-parallel group
+        self.rank, self.world = ctx.data.rank, ctx.data.size
+        self.global_rank = ctx.global_rank
         self.options = options
         self.module = module
         self.names = {id(p): n for n, p in module.named_parameters()}
@@ -71,7 +69,9 @@ class Stage3Strategy:
         self.optimizer_swap: Any = None
         if options.param_offload == "nvme":
             self._params_to_nvme()
-        self.hooks = ModuleHooks(module, options)
+        self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
+        self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass)
+        self._in_backward = False
         # persistence is fixed at partitioning: these stay gathered and are refreshed
         params: list[Any] = list(module.parameters())
         self.persistent = [p for p in params if p.ds_persist]
@@ -86,7 +86,7 @@ class Stage3Strategy:
         self.trainable_ids = {id(p) for p in self.trainable}
         self.masters = {id(p): self._new_master(p, optimizer_device) for p in self.trainable}
         self.reducer = Stage3Reducer(
-            self.trainable, accum_dtype, optimizer_device, options.bucket_numel
+            self.trainable, ctx.accum_dtype, optimizer_device, options.bucket_numel, self.dp
         )
         self._grad_hooks = [
             p.register_post_accumulate_grad_hook(
@@ -115,7 +115,7 @@ class Stage3Strategy:
             )
             if persist:
                 persistent_left -= p.numel()
-            convert(p, self.rank, self.world, shard_device, device, persist)
+            convert(p, self.dp, shard_device, device, persist)
             if self.options.pin_memory and shard_device.type == "cpu" and device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()  # host-to-device copies run async
 
@@ -142,7 +142,8 @@ class Stage3Strategy:
         """Its path was checked by _check_nvme_paths (and required by the config checks)."""
         from deepspeed_ext.zero.offload.nvme import NVMeSwapper
 
-        swapper = NVMeSwapper(str(path), self.rank, tag, self.options.aio)
+        # named by global rank: ranks of other replicas share data-parallel ranks
+        swapper = NVMeSwapper(str(path), self.global_rank, tag, self.options.aio)
         self.swappers.append(swapper)
         return swapper
 
@@ -183,6 +184,13 @@ class Stage3Strategy:
 
     def _adopt(self, p: Any, device: torch.device, shard_device: torch.device) -> None:
         """A parameter zero.Init partitioned: follow the engine's dtype and devices."""
+        if tuple(p.ds_process_group.ranks) != tuple(self.dp.ranks):
+            raise ValueError(
+                f"parameter '{p.ds_name}' was partitioned by zero.Init over ranks "
+                f"{list(p.ds_process_group.ranks)}, but the engine's data-parallel group is "
+                f"{list(self.dp.ranks)}: pass the same data_parallel_group/mpu to zero.Init "
+                "and deepspeed.initialize"
+            )
         if p.ds_tensor.dtype != p.dtype:  # the engine cast the (empty) model to 16 bits
             p.ds_tensor = p.ds_tensor.to(p.dtype)
         p.ds_tensor = p.ds_tensor.to(shard_device)
@@ -211,7 +219,7 @@ class Stage3Strategy:
         return m
 
     # -- optimizer wiring --
-    def optimizer_param_groups(self, model_groups: Any = None) -> list[dict[str, Any]]:
+    def optimizer_param_groups(self) -> list[dict[str, Any]]:
         return [
             {**opts, "params": [self.masters[id(p)] for p in params]}
             for params, opts in zip(self.group_params, self.group_options)
@@ -229,6 +237,7 @@ class Stage3Strategy:
 
     # -- backward --
     def _on_grad(self, p: Any) -> None:
+        self.begin_pass()
         g, p.grad = p.grad, None
         if g is not None:
             self.reducer.add(p, g)
@@ -241,16 +250,24 @@ class Stage3Strategy:
                 "every micro-step so that no rank keeps a full copy; use stage 0 or 1"
             )
 
+    def begin_pass(self) -> None:
+        """A backward pass is running (called from its hooks): arm the end callback."""
+        self._in_backward = True
+        self.end.arm()
+
     def end_backward(self) -> None:
+        if not self._in_backward:  # already finished by the autograd callback
+            return
+        self._in_backward = False
         self.reducer.flush()
         self.hooks.end_backward()
         release_params(self.module.parameters())
 
     # -- the step --
-    def grad_norm(self) -> float:
+    def grad_sq_sum(self) -> float:
         sq = torch.tensor(sum_of_squares(self.reducer.grads()), dtype=torch.float64)
-        all_reduce_sum_(sq)
-        return math.sqrt(float(sq))
+        all_reduce_sum_(sq, group=self.dp)
+        return float(sq)
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:

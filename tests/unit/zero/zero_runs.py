@@ -25,10 +25,20 @@ class Net(nn.Module):
         return self.head(self.body(self.embed(x)))
 
 
-def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None = None) -> dict:
+def train(
+    stage: int,
+    steps: int = 4,
+    gas: int = 2,
+    extra: dict[str, Any] | None = None,
+    data_rank: int | None = None,
+    mpu: Any = None,
+    plain_backward: bool = False,
+) -> dict:
+    """data_rank picks the batches (default: the global rank); mpu is passed to initialize;
+    plain_backward runs loss.backward() instead of engine.backward(loss)."""
     from deepspeed_ext.runtime.initialize import initialize
 
-    rank = int(os.environ["RANK"])
+    rank = int(os.environ["RANK"]) if data_rank is None else data_rank
     model = Net()
     groups = [
         {"params": [p for n, p in model.named_parameters() if n.startswith("head")], "lr": 2e-2},
@@ -46,13 +56,16 @@ def train(stage: int, steps: int = 4, gas: int = 2, extra: dict[str, Any] | None
         "steps_per_print": 1000,
         **(extra or {}),
     }
-    engine, opt, _, _ = initialize(model=model, model_parameters=groups, config=cfg)
+    engine, opt, _, _ = initialize(model=model, model_parameters=groups, config=cfg, mpu=mpu)
     losses = []
     for micro in range(steps * gas):
         x, y = batch(micro, rank, size=4)
         out = engine(x.to(next(engine.module.parameters()).dtype))
         loss = nn.functional.mse_loss(out.float(), y)
-        engine.backward(loss)
+        if plain_backward:  # the end of backward comes from the autograd callback alone
+            (loss / gas).backward()
+        else:
+            engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
     from deepspeed_ext.zero.stage3 import GatheredParameters
@@ -122,3 +135,9 @@ def train_gpt(
     hooks = getattr(engine.strategy, "hooks", None)
     stats = dict(hooks.coordinator.stats) if hooks is not None else {}
     return {"params": params, "losses": losses, "stats": stats}
+
+
+def plain_and_engine_backward(stages: list[int]) -> dict[tuple[int, bool], dict]:
+    """Every stage trained twice in one process group: with engine.backward(loss), and with
+    a plain loss.backward() (whose end of backward comes from the autograd callback)."""
+    return {(s, plain): train(s, plain_backward=plain) for s in stages for plain in (False, True)}

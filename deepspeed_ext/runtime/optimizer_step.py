@@ -1,0 +1,70 @@
+"""The optimizer step every engine runs at an accumulation boundary (the data-parallel
+engine and the pipeline schedule alike).
+
+[Note: optimizer step]
+1. norm: the strategy's sum of squares over its data-parallel group, summed over the pipe
+   group (each stage holds other parameters) and unscaled by the loss scale;
+2. overflow: with fp16, a non-finite norm means some rank overflowed; every rank sees the
+   same norm, so every rank skips together and the loss scale backs off;
+3. otherwise one multiply unscales and clips, the strategy hands the optimizer its grads,
+   the optimizer steps, the strategy writes the masters back, the loss scale and LR
+   schedule advance;
+4. gradients are zeroed either way.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import AxisGroup, all_reduce_sum_
+from deepspeed_ext.zero.protocol import GradientStrategy
+
+from .grad_clip import clip_factor
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    norm: float  # the unscaled global gradient norm (inf/nan on overflow)
+    overflow: bool  # fp16 overflow: the step was skipped
+
+
+def global_grad_norm(strategy: GradientStrategy, pipe: AxisGroup, inv_scale: float) -> float:
+    """The whole model's gradient norm, the same on every rank."""
+    sq = strategy.grad_sq_sum()
+    if pipe.size > 1:
+        t = torch.tensor(sq, dtype=torch.float64)
+        all_reduce_sum_(t, group=pipe)
+        sq = float(t)
+    return math.sqrt(sq) * inv_scale  # inf and nan pass through
+
+
+def optimizer_step(
+    strategy: GradientStrategy,
+    optimizer: Any,
+    loss_scaler: Any,
+    lr_scheduler: Any,
+    clip: float,
+    pipe: AxisGroup,
+    lr_kwargs: dict[str, Any],
+) -> StepOutcome:
+    inv_scale = 1.0 / loss_scaler.loss_scale if loss_scaler is not None else 1.0
+    norm = global_grad_norm(strategy, pipe, inv_scale)
+    overflow = loss_scaler is not None and not math.isfinite(norm)
+    if overflow:
+        loss_scaler.update(True)
+    else:
+        strategy.scale_grads_(clip_factor(inv_scale, norm, clip))
+        if optimizer is not None:
+            strategy.before_step()
+            strategy.optimizer_step(optimizer)
+            strategy.after_step()
+        if loss_scaler is not None:
+            loss_scaler.update(False)
+        if lr_scheduler is not None:
+            lr_scheduler.step(**lr_kwargs)
+    strategy.zero_grads()
+    return StepOutcome(norm, overflow)
