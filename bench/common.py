@@ -1,4 +1,4 @@
-"""Shared helpers of the benchmarks under bench/ (see /work/shared/BENCHMARKS.md).
+"""Shared helpers of the benchmarks under bench/ (see docs/benchmarks.md).
 
 Machine description, the physical limit (memory copy bandwidth, measured in the calling
 process), a wall-clock timer with median, a results writer and a plain-text table printer.

@@ -1,4 +1,4 @@
-"""The layer table of ARCHITECTURE.md, enforced by walking every import with ast.
+"""The layer table of docs/architecture.md, enforced by walking every import with ast.
 
 Imports point down only; back-edges only under `if TYPE_CHECKING:`. torch.distributed only
 in comm/; torch.cuda and .cuda() only in accelerator/. op_builder imports no third-party

@@ -1,5 +1,5 @@
 """Per-rank model-state memory, measured from the live tensors, within 10% of the ZeRO paper's
-formulas (../shared/BENCHMARKS.md): Psi params, K = 12 (fp32 master, m, v), N ranks, 16-bit
+formulas (docs/benchmarks.md): Psi params, K = 12 (fp32 master, m, v), N ranks, 16-bit
 model and gradients (bf16 model, grad_accum_dtype bf16):
   stage 0: (2 + 2 + K) Psi    stage 1: 2Psi + 2Psi + K Psi / N    stage 2: 2Psi + (2 + K) Psi / N
   stage 3: (2 + 2 + K) Psi / N (measured after a step, when every parameter is released)
