@@ -8,8 +8,11 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.utils.errors import CheckpointError
+from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.zero.module_state import load_module_state, module_state
 from deepspeed_ext.zero.norms import sum_of_squares
-from deepspeed_ext.zero.protocol import StrategyContext
+from deepspeed_ext.zero.protocol import RankFiles, StrategyContext
 
 from .grad_accumulation import GradAccumulator
 from .precision import MasterWeights
@@ -19,6 +22,7 @@ class DataParallelStrategy:
     stage = 0
 
     def __init__(self, ctx: StrategyContext) -> None:
+        self.module = ctx.module
         params = list(ctx.module.parameters())
         self.masters = MasterWeights(params)
         self.grads = GradAccumulator(
@@ -80,14 +84,46 @@ class DataParallelStrategy:
     def remove_hooks(self) -> None:
         self.grads.remove_hooks()
 
-    def master_copies(self) -> list[torch.Tensor] | None:
-        return [m.detach() for m in self.masters.masters] if self.masters.is_copy else None
+    # -- checkpoints: everything in the model-states file (rank 0 of the data group) --
+    def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:
+        names = [n for n, _ in self.module.named_parameters()]  # aligned with the masters
+        masters = (
+            dict(zip(names, [m.detach() for m in self.masters.masters]))
+            if self.masters.is_copy  # fp32 masters of a 16-bit model
+            else None
+        )
+        return {
+            "module": module_state(self.module, exclude_frozen),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "master_weights": masters,
+        }
+
+    def rank_state(self, optimizer: Any) -> dict[str, Any] | None:
+        return None
+
+    def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None:
+        load_module_state(self.module, state, strict, files.where, 0)
+        self.sync_masters_from_model()
 
     @torch.no_grad()
-    def load_master_copies(self, saved: list[torch.Tensor]) -> None:
-        for m, t in zip(self.masters.masters, saved):
-            m.copy_(t)
-        self.masters.copy_to_model()
+    def load_optimizer_state(self, optimizer: Any, state: dict[str, Any], files: RankFiles) -> None:
+        if state.get("optimizer") is None and not state.get("zero_stage"):
+            logger.warning(f"{files.where} holds no optimizer state (saved without one)")
+            return
+        if state.get("optimizer") is None:
+            raise CheckpointError(
+                f"{files.where} holds no stage-0 optimizer state (it was written with "
+                f"zero_optimization.stage {state.get('zero_stage')}, whose optimizer state is "
+                "partitioned): load it with load_optimizer_states=False, or train with the "
+                "stage it was saved with"
+            )
+        optimizer.load_state_dict(state["optimizer"])
+        saved = state.get("master_weights")
+        if saved is not None:
+            names = [n for n, _ in self.module.named_parameters()]
+            for m, n in zip(self.masters.masters, names):
+                m.copy_(saved[n])
+            self.masters.copy_to_model()
 
     def sync_masters_from_model(self) -> None:
         self.masters.copy_from_model()

@@ -9,12 +9,19 @@ end_backward() (also queued as an autograd callback, so a plain loss.backward() 
 nothing pending: [Note: end of backward]); on a boundary the optimizer step
 (runtime/optimizer_step.py) calls grad_sq_sum(), scale_grads_(f), before_step(),
 optimizer_step(opt), after_step(), then zero_grads().
+
+Checkpoints hold what the strategy says: model_state() goes into the model-states file
+(written by data-parallel rank 0 of each model-parallel rank), rank_state() into this rank's
+zero_pp_rank_* file (None: no per-rank file); loading hands them back, with the rank files of
+the saved data-parallel ranks readable through RankFiles (a resume at another data-parallel
+size reads them all).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -39,6 +46,14 @@ class StrategyContext:
     is_boundary: Callable[[], bool] = lambda: True
 
 
+class RankFiles(Protocol):
+    where: Path  # the checkpoint directory, for messages
+
+    def read(self, dp_rank: int) -> dict[str, Any]:
+        """The zero_pp_rank file of a saved data-parallel rank (this model-parallel rank)."""
+        ...
+
+
 class GradientStrategy(Protocol):
     stage: int
     sync_enabled: bool  # False inside engine.no_sync()
@@ -57,3 +72,9 @@ class GradientStrategy(Protocol):
     def zero_grads(self) -> None: ...
     def remove_hooks(self) -> None: ...
     def sync_masters_from_model(self) -> None: ...
+    def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]: ...
+    def rank_state(self, optimizer: Any) -> dict[str, Any] | None: ...
+    def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None: ...
+    def load_optimizer_state(
+        self, optimizer: Any, state: dict[str, Any], files: RankFiles
+    ) -> None: ...

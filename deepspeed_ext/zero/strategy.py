@@ -11,9 +11,11 @@ import torch
 
 from deepspeed_ext.comm import all_gather_bucket, all_reduce_sum_
 
+from . import checkpoint
 from .layout import GroupLayout, plan_group
+from .module_state import load_module_state, module_state
 from .norms import sum_of_squares
-from .protocol import StrategyContext
+from .protocol import RankFiles, StrategyContext
 from .reducer import ShardedReducer
 from .sharded_group import ShardedGroup
 
@@ -21,6 +23,7 @@ from .sharded_group import ShardedGroup
 class ZeroStrategy:
     def __init__(self, ctx: StrategyContext, stage: int) -> None:
         self.stage = stage
+        self.module = ctx.module
         self.dp = ctx.data
         self.world = ctx.data.size
         self.rank = ctx.data.rank
@@ -125,6 +128,20 @@ class ZeroStrategy:
 
     def remove_hooks(self) -> None:
         self.reducer.remove_hooks()
+
+    # -- checkpoints: the module whole in the model states, partitions per rank --
+    def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:
+        return {"module": module_state(self.module, exclude_frozen), "zero_layouts": self.layouts()}
+
+    def rank_state(self, optimizer: Any) -> dict[str, Any] | None:
+        return checkpoint.rank_state(self, optimizer)
+
+    def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None:
+        load_module_state(self.module, state, strict, files.where, self.stage)
+        self.sync_masters_from_model()
+
+    def load_optimizer_state(self, optimizer: Any, state: dict[str, Any], files: RankFiles) -> None:
+        checkpoint.load_partitions(self, optimizer, state, files)
 
     # -- checkpoint pieces --
     def layouts(self) -> list[dict[str, Any]]:

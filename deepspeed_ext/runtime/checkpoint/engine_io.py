@@ -18,8 +18,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.version import __version__
 
-from . import atomic, layout, safe_load, zero3_io
-from .safe_load import CheckpointError
+from . import atomic, layout, safe_load
 
 # Keys the engine owns; everything else in the file is the client's.
 ENGINE_KEYS = frozenset(
@@ -45,14 +44,6 @@ ENGINE_KEYS = frozenset(
         "zero3_params",
     }
 )
-
-
-def _module_state(engine: Any, exclude_frozen: bool) -> dict[str, torch.Tensor]:
-    sd = engine.module.state_dict()
-    if exclude_frozen:
-        frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
-        sd = {k: v for k, v in sd.items() if k not in frozen}
-    return sd
 
 
 def _rng_state() -> dict[str, Any]:
@@ -88,39 +79,20 @@ def save_checkpoint(
         atomic.prepare(save_dir, tag)
     comm.barrier()
     tmp = atomic.tmp_dir_for(save_dir, tag)
-    if stage == 3:  # every rank writes its shards ([Note: stage-3 checkpoint])
-        torch.save(zero3_io.rank_payload(engine), tmp / zero_file)
-    elif stage:  # every rank writes its own partition
-        torch.save(
-            {
-                "optimizer_state_dict": engine.optimizer.state_dict(),
-                "fp32_partitions": engine.strategy.master_partitions(),
-                "zero_stage": stage,
-                "partition_count": engine.dp_world_size,
-                "zero_layouts": engine.strategy.layouts(),
-                "ds_version": __version__,
-            },
-            tmp / zero_file,
-        )
+    strategy = engine.strategy
+    # [Note: gradient strategy]: what each file holds is the strategy's
+    per_rank = strategy.rank_state(engine.optimizer)
+    if per_rank is not None:
+        torch.save(per_rank, tmp / zero_file)
     comm.barrier()
     if dp_rank == 0:  # one model-states file per model-parallel rank
         state = {
-            "module": zero3_io.module_buffers(engine)
-            if stage == 3
-            else _module_state(engine, exclude_frozen_parameters),
-            "zero3_params": zero3_io.param_table(engine) if stage == 3 else None,
-            "optimizer": engine.optimizer.state_dict()
-            if engine.optimizer is not None and not stage
-            else None,
-            "master_weights": _named(engine, engine.strategy.master_copies())
-            if not stage
-            else None,
+            **strategy.model_state(engine.optimizer, exclude_frozen_parameters),
             "buffer_names": [n for n, _ in engine.module.named_buffers()],
             "frozen_param_names": [
                 n for n, p in engine.module.named_parameters() if not p.requires_grad
             ],
             "zero_stage": stage,
-            "zero_layouts": engine.strategy.layouts() if stage in (1, 2) else None,
             "lr_scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler else None,
             "loss_scaler": engine.loss_scaler.state_dict() if engine.loss_scaler else None,
             "global_steps": engine.global_steps,
@@ -138,7 +110,7 @@ def save_checkpoint(
     comm.barrier()
     if comm.get_rank() == 0:
         atomic.commit(save_dir, tag)
-        if stage:
+        if per_rank is not None:  # partitioned: consolidate with zero_to_fp32
             _write_zero_to_fp32_script(save_dir)
         if save_latest:
             atomic.write_latest(save_dir, tag)
@@ -165,31 +137,14 @@ def load_checkpoint(
                 "specific checkpoint."
             )
             return None, None
-    path = load_dir / str(tag) / layout.model_states_name(engine.layout.model.rank)
+    mp_rank = engine.layout.model.rank
+    path = load_dir / str(tag) / layout.model_states_name(mp_rank)
     state = safe_load.load(path)
-    stage = engine.zero_optimization_stage()
-    if stage == 3 or state.get("zero3_params"):
-        _check_stage3(state, stage, path)
-        with torch.no_grad():
-            engine.module.load_state_dict(state["module"], strict=False)  # the buffers
-        zero3_io.load(engine, path.parent, state, load_optimizer_states and not load_module_only)
-    else:
-        _load_module(engine.module, state, load_module_strict)
-        engine.strategy.sync_masters_from_model()
-    if not load_module_only:  # (stage 3's optimizer state came with its shards)
-        if stage in (1, 2) and load_optimizer_states and engine.optimizer:
-            _load_zero_partition(engine, path.parent, int(state.get("zero_stage") or 0))
-        elif (
-            stage == 0
-            and load_optimizer_states
-            and state.get("optimizer") is not None
-            and engine.optimizer
-        ):
-            engine.optimizer.load_state_dict(state["optimizer"])
-            if state.get("master_weights") is not None:
-                saved = state["master_weights"]
-                names = [n for n, _ in engine.module.named_parameters()]
-                engine.strategy.load_master_copies([saved[n] for n in names])
+    files = _RankFiles(path.parent, mp_rank)
+    engine.strategy.load_model_state(state, load_module_strict, files)
+    if not load_module_only:
+        if load_optimizer_states and engine.optimizer is not None:
+            engine.strategy.load_optimizer_state(engine.optimizer, state, files)
         if load_lr_scheduler_states and engine.lr_scheduler and state.get("lr_scheduler"):
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if engine.loss_scaler is not None and state.get("loss_scaler"):
@@ -210,61 +165,10 @@ def load_checkpoint(
     return str(path.parent), client_state
 
 
-def _load_module(module: torch.nn.Module, state: dict[str, Any], strict: bool) -> None:
-    """load_state_dict in place (ZeRO params are views into flat buffers). Strict still
-    accepts the frozen parameters a save with exclude_frozen_parameters left out: the module
-    keeps its own (pretrained) values for them, as a PEFT resume expects."""
-    saved = state["module"]
-    left_out = set(state.get("frozen_param_names") or []) - saved.keys()
-    with torch.no_grad():
-        result = module.load_state_dict(saved, strict=False)
-    missing = [k for k in result.missing_keys if k not in left_out]
-    if strict and (missing or result.unexpected_keys):
-        raise CheckpointError(
-            f"checkpoint does not match the model: missing keys {missing}, unexpected keys "
-            f"{result.unexpected_keys}; pass load_module_strict=False to load what matches"
-        )
-
-
-def _check_stage3(state: dict[str, Any], stage: int, path: Path) -> None:
-    if stage != 3 or not state.get("zero3_params"):
-        raise CheckpointError(
-            f"{path.parent} was written with zero_optimization.stage "
-            f"{state.get('zero_stage')} and this engine runs stage {stage}: parameters "
-            "partitioned by stage 3 load only into stage 3. Consolidate it with zero_to_fp32 "
-            "and load the weights into the model instead"
-        )
-
-
 def _as_random_state(s: Any) -> tuple[Any, ...]:
     # weights_only loading keeps tuples, but be lenient with lists
     version, internal, gauss = s
     return (version, tuple(internal), gauss)
-
-
-def _load_zero_partition(engine: Any, ckpt_dir: Path, saved_stage: int) -> None:
-    if saved_stage == 0:
-        raise CheckpointError(
-            f"{ckpt_dir} was written without ZeRO (stage 0); load it with "
-            "load_optimizer_states=False, or train with the stage it was saved with"
-        )
-    mp = engine.layout.model.rank
-    first = safe_load.load(ckpt_dir / layout.zero_optim_states_name(0, mp))
-    saved_world = int(first["partition_count"])
-    if saved_world != engine.dp_world_size:
-        _load_zero_resharded(engine, ckpt_dir, saved_world, first)
-        return
-    part = safe_load.load(ckpt_dir / layout.zero_optim_states_name(engine.dp_rank, mp))
-    engine.strategy.check_layouts(part["zero_layouts"])
-    engine.optimizer.load_state_dict(part["optimizer_state_dict"])
-    engine.strategy.load_master_partitions(part["fp32_partitions"])
-
-
-def _named(engine: Any, copies: list[torch.Tensor] | None) -> dict[str, torch.Tensor] | None:
-    """Stage-0 fp32 masters keyed by parameter name (aligned with module.parameters())."""
-    if copies is None:
-        return None
-    return dict(zip([n for n, _ in engine.module.named_parameters()], copies))
 
 
 def _write_zero_to_fp32_script(save_dir: Path) -> None:
@@ -281,57 +185,17 @@ def _write_zero_to_fp32_script(save_dir: Path) -> None:
         )
 
 
-def _load_zero_resharded(engine: Any, ckpt_dir: Path, saved_world: int, first: Any) -> None:
-    """Partitions written by `saved_world` ranks, re-cut for this world (zero/reshard.py).
-    Every rank reads every saved partition: memory is one full copy of a state at a time."""
-    from deepspeed_ext.zero.layout import GroupLayout
-    from deepspeed_ext.zero.reshard import chunks_for, full_by_name, split_partition
+class _RankFiles:
+    """The zero_pp_rank files of a checkpoint directory for one model-parallel rank, each
+    read once per load."""
 
-    mp = engine.layout.model.rank
-    parts = [first] + [
-        safe_load.load(ckpt_dir / layout.zero_optim_states_name(r, mp))
-        for r in range(1, saved_world)
-    ]
-    old_layouts = [GroupLayout.from_dict(d) for d in first["zero_layouts"]]
-    new_layouts = engine.strategy.group_layouts()
-    engine.strategy.check_names(old_layouts)
-    rank = engine.dp_rank
-    masters = []
-    for g, (old, new) in enumerate(zip(old_layouts, new_layouts)):
-        per_rank = [split_partition(old, p["fp32_partitions"][g]) for p in parts]
-        masters.append(torch.cat(chunks_for(new, rank, full_by_name(old, per_rank))))
-    saved = [p["optimizer_state_dict"] for p in parts]
-    current = engine.optimizer.state_dict()
-    state: dict[int, dict[str, Any]] = {}
-    for g, (old, new) in enumerate(zip(old_layouts, new_layouts)):
-        old_ids = [sd["param_groups"][g]["params"] for sd in saved]
-        new_ids = current["param_groups"][g]["params"]
-        template = saved[0]["state"].get(old_ids[0][0], {})
-        for key, value in template.items():
-            chunked = (
-                torch.is_tensor(value)
-                and key != "step"
-                and value.dim() == 1
-                and value.numel() == old.buckets[0].chunk(old.world_size)
-            )
-            if chunked:
-                per_rank = [
-                    [sd["state"][ids[b]][key] for b in range(len(old.buckets))]
-                    for sd, ids in zip(saved, old_ids)
-                ]
-                new_chunks = chunks_for(new, rank, full_by_name(old, per_rank))
-                for pid, chunk in zip(new_ids, new_chunks):
-                    state.setdefault(pid, {})[key] = chunk
-            else:  # per-step scalars (e.g. the step count) are the same for every chunk
-                for pid in new_ids:
-                    state.setdefault(pid, {})[key] = value
-    groups = [
-        {**{k: v for k, v in spg.items() if k != "params"}, "params": cpg["params"]}
-        for spg, cpg in zip(saved[0]["param_groups"], current["param_groups"])
-    ]
-    engine.optimizer.load_state_dict({"state": state, "param_groups": groups})
-    engine.strategy.load_master_partitions(masters)
-    logger.info(
-        f"resharded ZeRO checkpoint {ckpt_dir} from {saved_world} to {engine.dp_world_size} "
-        "data-parallel ranks"
-    )
+    def __init__(self, where: Path, mp_rank: int) -> None:
+        self.where = where
+        self.mp_rank = mp_rank
+        self._read: dict[int, dict[str, Any]] = {}
+
+    def read(self, dp_rank: int) -> dict[str, Any]:
+        if dp_rank not in self._read:
+            name = layout.zero_optim_states_name(dp_rank, self.mp_rank)
+            self._read[dp_rank] = safe_load.load(self.where / name)
+        return self._read[dp_rank]

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.utils.errors import CheckpointError
 
-class CheckpointError(RuntimeError):
-    pass
+__all__ = ["CheckpointError", "check_loadable", "load"]
 
 
 def load(path: Path) -> Any:

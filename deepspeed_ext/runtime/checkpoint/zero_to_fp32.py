@@ -116,7 +116,7 @@ def _iter_stage3(
     d: Path, states: Any, exclude_frozen: bool, progress: bool | None
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Stage 3: each parameter is its ranks' shards concatenated ([Note: stage-3 checkpoint])."""
-    from .zero3_io import full_from_shards
+    from deepspeed_ext.zero.stage3.checkpoint import full_from_shards
 
     table = states["zero3_params"]
     world = int(states["dp_world_size"])

@@ -15,7 +15,8 @@ from deepspeed_ext.comm import all_reduce_sum_
 
 from ..backward_end import EndOfBackward
 from ..norms import sum_of_squares
-from ..protocol import StrategyContext
+from ..protocol import RankFiles, StrategyContext
+from . import checkpoint
 from .gather import gather_params, release_params
 from .hooks import ModuleHooks
 from .param import (
@@ -309,6 +310,23 @@ class Stage3Strategy:
         for h in self._grad_hooks:
             h.remove()
         self._grad_hooks.clear()
+
+    # -- checkpoints ([Note: stage-3 checkpoint]) --
+    def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:
+        """Buffers and the parameter table; every parameter value is in the rank files."""
+        return {
+            "module": checkpoint.module_buffers(self.module),
+            "zero3_params": checkpoint.param_table(self.module),
+        }
+
+    def rank_state(self, optimizer: Any) -> dict[str, Any] | None:
+        return checkpoint.rank_payload(self, optimizer)
+
+    def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None:
+        checkpoint.load_weights(self, state, files)
+
+    def load_optimizer_state(self, optimizer: Any, state: dict[str, Any], files: RankFiles) -> None:
+        checkpoint.load_optimizer(self, optimizer, state, files)
 
     # -- checkpoint pieces (by parameter name) --
     def param_name(self, p: Any) -> str:
