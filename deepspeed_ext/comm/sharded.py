@@ -1,5 +1,15 @@
 """Collectives for sharded (ZeRO) data parallelism: a bucket reduce-scattered to its owners,
-a bucket all-gathered back. Both async; both identities in a world of one."""
+a bucket all-gathered back. Both async; both identities in a world of one.
+
+[Note: in-place collectives on gloo]
+gloo's flat reduce-scatter stages the whole bucket in a temporary (measured: +1x the bucket
+per call in flight) and runs slower than an in-place all-reduce of the same bucket (about 2x
+on 2 CPU ranks); its flat all-gather stages +1.5x. On gloo both therefore run as in-place
+all-reduces of the bucket: the reduce-scatter all-reduces it and this rank's chunk is the
+result; the all-gather zeroes the other ranks' chunks and all-reduces (a sum with zeros is
+exact). ZeRO's memory bound (a few buckets in flight) then holds on the CPU too. NCCL keeps
+its native collectives.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .layout import resolve
+from .layout import AxisGroup, resolve
 
 # torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -20,6 +30,29 @@ class _Done:
         return None
 
 
+class _Then:
+    """A pending collective, and what to do once it is complete."""
+
+    def __init__(self, work: Any, then: Any) -> None:
+        self.work, self.then = work, then
+
+    def wait(self, *args: Any) -> None:
+        self.work.wait(*args)
+        if self.then is not None:
+            self.then()
+            self.then = None
+
+
+def _in_place(pg: Any) -> bool:
+    return dist.get_backend(pg) == "gloo"
+
+
+def _own_chunk(bucket: torch.Tensor, group: Any, pg: Any, size: int) -> torch.Tensor:
+    rank = group.rank if isinstance(group, AxisGroup) else dist.get_rank(pg)
+    c = bucket.numel() // size
+    return bucket[rank * c : (rank + 1) * c]
+
+
 def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = None) -> Any:
     """out (bucket.numel() / world) <- this rank's chunk of the sum of every rank's bucket.
     out may be this rank's own chunk of `bucket` (in place). group: an AxisGroup or a
@@ -29,6 +62,12 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
         if out.data_ptr() != bucket.data_ptr():
             out.copy_(bucket)
         return _Done()
+    if _in_place(pg):  # [Note: in-place collectives on gloo]
+        work = dist.all_reduce(bucket, group=pg, async_op=True)
+        own = _own_chunk(bucket, group, pg, size)
+        if own.data_ptr() == out.data_ptr():
+            return work
+        return _Then(work, lambda: out.copy_(own))
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
 
 
@@ -38,6 +77,15 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
     if size == 1:
         bucket.copy_(chunk)
         return _Done()
+    if _in_place(pg):  # [Note: in-place collectives on gloo]
+        own = _own_chunk(bucket, group, pg, size)
+        if own.data_ptr() != chunk.data_ptr():
+            own.copy_(chunk)
+        start = own.data_ptr() - bucket.data_ptr()
+        lo = start // bucket.element_size()
+        bucket[:lo].zero_()
+        bucket[lo + own.numel() :].zero_()
+        return dist.all_reduce(bucket, group=pg, async_op=True)
     return _ALL_GATHER(bucket, chunk, group=pg, async_op=True)
 
 

@@ -70,7 +70,9 @@ class StepMetrics:
             values["tokens_per_s"] = self._tokens * self.world_size / dt
         values["peak_mem_gib"] = self.peak_memory() / 2**30
         breakdown = self.timers.take_ms() if self.timers is not None else {}
+        memory = self.timers.memory.take_mb() if self.timers and self.timers.memory else {}
         values.update(breakdown)
+        values.update(memory)
         self.last = values
         parts = [f"step {step}"]
         if "loss" in values:
@@ -83,6 +85,7 @@ class StepMetrics:
             parts.append(f"tokens/s {values['tokens_per_s']:.0f}")
         parts.append(f"peak mem {values['peak_mem_gib']:.2f} GiB")
         parts += [f"{k[:-3]} {v:.1f} ms" for k, v in breakdown.items()]
+        parts += [f"{k[:-3].replace('_', ' ')} {v:.0f} MB" for k, v in memory.items()]
         if self.print_line:
             logger.info(" | ".join(parts))
         for w in self.writers:

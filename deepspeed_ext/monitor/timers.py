@@ -1,4 +1,5 @@
-"""wall_clock_breakdown: time spent in forward, backward and step, per window of steps."""
+"""wall_clock_breakdown: time spent in forward, backward and step, per window of steps (and
+memory_breakdown's per-phase memory, measured at the same phase boundaries)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,34 @@ import contextlib
 import time
 from collections.abc import Callable, Iterator
 
+from .memory import MemoryBreakdown
+
 
 class PhaseTimers:
-    def __init__(self, enabled: bool, synchronize: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        synchronize: Callable[[], None],
+        memory: MemoryBreakdown | None = None,
+    ) -> None:
         self.enabled = enabled
+        self.memory = memory if memory is not None and memory.enabled else None
         self.synchronize = synchronize  # device work must finish inside the phase it belongs to
         self.totals: dict[str, float] = {}
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
+        if self.memory is not None:
+            self.memory.begin(name)
+        try:
+            with self._timed(name):
+                yield
+        finally:
+            if self.memory is not None:
+                self.memory.end(name)
+
+    @contextlib.contextmanager
+    def _timed(self, name: str) -> Iterator[None]:
         if not self.enabled:
             yield
             return

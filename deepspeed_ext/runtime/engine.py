@@ -18,7 +18,7 @@ import torch
 from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
-from deepspeed_ext.monitor import PhaseTimers, StepMetrics, writers_from_config
+from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
@@ -28,11 +28,8 @@ from .lr_schedules import get_lr_scheduler
 from .optimizer_step import optimizer_step
 from .optimizers import build_optimizer
 from .precision import make_loss_scaler
-from .strategy_factory import make_strategy
+from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
-
-# DDP's default bucket: big enough to amortize a collective, small enough to overlap backward.
-DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 class DeepSpeedEngine(torch.nn.Module):
@@ -90,7 +87,9 @@ class DeepSpeedEngine(torch.nn.Module):
                 module=self.module,
                 model_groups=model_groups,
                 accum_dtype=accum,
-                bucket_numel=self._bucket_numel(elem),
+                bucket_numel=reduce_bucket_numel(
+                    config.zero_optimization, self.zero_optimization_stage(), params, elem
+                ),
                 device=self.device,
                 optimizer_device=optimizer_device(config, self.device),
                 data=self.layout.data,
@@ -113,7 +112,11 @@ class DeepSpeedEngine(torch.nn.Module):
             if training_data is not None
             else None
         )
-        self.timers = PhaseTimers(bool(config.wall_clock_breakdown), acc.synchronize)
+        self.timers = PhaseTimers(
+            bool(config.wall_clock_breakdown),
+            acc.synchronize,
+            MemoryBreakdown(bool(config.memory_breakdown), acc),
+        )
         self.metrics = StepMetrics(
             config.steps_per_print,
             writers_from_config(config) if self.rank == 0 else [],
@@ -142,12 +145,6 @@ class DeepSpeedEngine(torch.nn.Module):
         if name:
             return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
         return torch.float32 if any(p.dtype != torch.float32 for p in params) else params[0].dtype
-
-    def _bucket_numel(self, elem_size: int) -> int:
-        user = self.config.zero_optimization.model_fields_set
-        if "reduce_bucket_size" in user:
-            return int(self.config.zero_optimization.reduce_bucket_size)
-        return DEFAULT_BUCKET_BYTES // elem_size
 
     def _broadcast_module(self) -> None:
         """Start every data-parallel rank from its group's rank 0 weights and buffers, as DDP

@@ -3,9 +3,35 @@ context object."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from .dp_strategy import DataParallelStrategy
+
+# DDP's default bucket: big enough to amortize a collective, small enough to overlap backward.
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+MIN_PARTITIONED_BUCKET_NUMEL = 1 << 20
+
+
+def reduce_bucket_numel(
+    zero: Any, stage: int, params: list[torch.nn.Parameter], elem_size: int
+) -> int:
+    """Elements per gradient reduction bucket: the user's reduce_bucket_size, else DDP's
+    25 MB for stages 0-1, whose full-size gradient buffers live all step anyway. At stages
+    2-3 a bucket exists only while it is filled and reduced (up to 3 at once), so that is
+    the transient memory of backward: there the default is about the largest parameter (a
+    parameter is never split across buckets; at least 1M elements, at most 25 MB), as FSDP
+    reduces one module at a time. [Note: ZeRO gradient reduction]"""
+    if "reduce_bucket_size" in zero.model_fields_set:
+        return int(zero.reduce_bucket_size)
+    cap = DEFAULT_BUCKET_BYTES // elem_size
+    if stage < 2:
+        return cap
+    largest = max((getattr(p, "ds_numel", p.numel()) for p in params if p.requires_grad), default=0)
+    return min(cap, max(largest, MIN_PARTITIONED_BUCKET_NUMEL))
 
 
 def make_strategy(ctx: StrategyContext, stage: int) -> GradientStrategy:

@@ -3,7 +3,8 @@ fp32 masters and reduced gradients, one per bucket chunk (see [Note: shard layou
 
 Tensors (world W, rank r, group total T = sum of padded buckets, bucket b of B_b elements):
   flat        [T]       model dtype, on the model's device; every param is a view into it
-  masters[b]  [B_b/W]   fp32 on the optimizer device (CPU with offload): the optimizer's params
+  masters[b]  [B_b/W]   fp32 on the optimizer device (CPU with offload): the optimizer's params;
+                        for an fp32 model on that device, views of the own chunks of `flat`
   grads[b]    [B_b/W]   accumulation dtype; the reducer decides where they live (stage 1: its
                         own chunk of the full bucket buffer, so no second copy exists)
 """
@@ -42,20 +43,30 @@ class ShardedGroup:
                 view = self.param_view(p)
                 view.copy_(p.data)
                 p.data = view  # the module now reads its weights from the flat buffer
+        # An fp32 model's own chunk, already where the optimizer runs, is its own master: the
+        # optimizer updates the model's flat buffer in place (no second copy, as stage 3).
+        self.masters_are_views = params[0].dtype == torch.float32 and (
+            torch.device(optimizer_device) == device
+        )
         self.masters = [
             torch.nn.Parameter(
-                torch.empty(bk.chunk(self.world), dtype=torch.float32, device=optimizer_device),
+                self.own_chunk(b)
+                if self.masters_are_views
+                else torch.empty(
+                    bk.chunk(self.world), dtype=torch.float32, device=optimizer_device
+                ),
                 requires_grad=False,
             )
-            for bk in layout.buckets
+            for b, bk in enumerate(layout.buckets)
         ]
         for m in self.masters:
             if hasattr(m, "grad_dtype"):  # torch >= 2.10: allow grads in the accumulation dtype
                 m.grad_dtype = None
         self.grads: list[torch.Tensor] = []  # set by the reducer
-        with torch.no_grad():
-            for b in range(len(layout.buckets)):
-                self.masters[b].copy_(self.own_chunk(b))
+        if not self.masters_are_views:
+            with torch.no_grad():
+                for b in range(len(layout.buckets)):
+                    self.masters[b].copy_(self.own_chunk(b))
 
     # -- views ---------------------------------------------------------------------------------
     def bucket_view(self, b: int) -> torch.Tensor:

@@ -159,6 +159,8 @@ class ZeroStrategy:
     @torch.no_grad()
     def sync_masters_from_model(self) -> None:
         for grp in self.groups:
+            if grp.masters_are_views:  # the model's own chunks are the masters
+                continue
             for b, m in enumerate(grp.masters):
                 m.copy_(grp.own_chunk(b))
 

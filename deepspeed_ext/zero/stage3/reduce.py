@@ -67,7 +67,8 @@ class Stage3Reducer:
             s = p.ds_shard_numel
             fill_rows(buf[:, off : off + s], g.reshape(-1))
             off += s
-        out = buf[0] if self.world == 1 else torch.empty(total, dtype=buf.dtype, device=device)
+        # this rank's row of the bucket: the reduce-scatter runs in place (no output buffer)
+        out = buf[self.group.rank]
         work = reduce_scatter_bucket(out, buf.view(-1), group=self.group)
         self.in_flight.append((work, out, [p for p, _ in items]))
         while len(self.in_flight) > self.max_in_flight:
