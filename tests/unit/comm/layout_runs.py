@@ -93,9 +93,10 @@ def replicas(stages: list[int]) -> dict[int, dict]:
     init_distributed(verbose=False)
     mpu = ReplicaMpu()
     v, dp_rank = mpu.get_model_parallel_rank(), mpu.get_data_parallel_rank()
-    return {s: train(s, data_rank=100 * v + dp_rank, mpu=mpu) for s in stages} | {
-        -1: {"v": v, "dp": dp_rank}
-    }
+    out: dict[int, dict] = {s: train(s, data_rank=100 * v + dp_rank, mpu=mpu) for s in stages}
+    out[30] = train(3, data_rank=100 * v + dp_rank, mpu=mpu, zero_init=True)
+    out[-1] = {"v": v, "dp": dp_rank}
+    return out
 
 
 def references(stages: list[int]) -> dict[tuple[int, int], dict]:

@@ -43,19 +43,24 @@ def test_zero_over_a_data_parallel_group_matches_two_ranks():
     reduced over the world, the replicas' different data would mix and both would differ."""
     got = run_ranks(replicas, 4, STAGES, timeout=600)
     ref = run_ranks(references, 2, STAGES, timeout=600)
-    for stage in STAGES:
-        r0, r1 = ref[0][(stage, 0)], ref[0][(stage, 1)]
+    for out in got:  # zero.Init(mpu=...) partitioned over the data group of 2, not the world
+        assert out[30]["shards"]["head.weight"] == (4 * 40) // 2
+    for stage in [*STAGES, 30]:  # 30: stage 3 with the model built under zero.Init(mpu=...)
+        r0, r1 = ref[0][(stage % 10, 0)], ref[0][(stage % 10, 1)]
         assert not torch.allclose(r0["params"]["head.weight"], r1["params"]["head.weight"])
+        # zero.Init's model differs from the plain one in the last bits (as
+        # tests/unit/zero/test_zero3_init.py allows)
+        atol, rtol = (2e-6, 1e-5) if stage < 10 else (1e-4, 1e-3)
         for out in got:
-            want = ref[out[-1]["dp"]][(stage, out[-1]["v"])]
+            want = ref[out[-1]["dp"]][(stage % 10, out[-1]["v"])]
             for n, p in out[stage]["params"].items():
                 torch.testing.assert_close(
                     p,
                     want["params"][n],
-                    atol=2e-6,
-                    rtol=1e-5,
+                    atol=atol,
+                    rtol=rtol,
                     msg=lambda m, n=n, s=stage: f"stage {s} {n}: {m}",
                 )
             torch.testing.assert_close(
-                torch.tensor(out[stage]["losses"]), torch.tensor(want["losses"]), atol=1e-6, rtol=0
+                torch.tensor(out[stage]["losses"]), torch.tensor(want["losses"]), atol=atol, rtol=0
             )

@@ -33,13 +33,23 @@ def train(
     data_rank: int | None = None,
     mpu: Any = None,
     plain_backward: bool = False,
+    zero_init: bool = False,
 ) -> dict:
     """data_rank picks the batches (default: the global rank); mpu is passed to initialize;
-    plain_backward runs loss.backward() instead of engine.backward(loss)."""
+    plain_backward runs loss.backward() instead of engine.backward(loss); zero_init builds
+    the model under zero.Init(mpu=mpu), partitioned over the mpu's data-parallel group."""
     from deepspeed_ext.runtime.initialize import initialize
 
     rank = int(os.environ["RANK"]) if data_rank is None else data_rank
-    model = Net()
+    if zero_init:
+        from deepspeed_ext.zero.stage3 import Init
+
+        with Init(mpu=mpu):
+            model = Net()
+        shards = {n: p.ds_tensor.numel() for n, p in model.named_parameters()}
+    else:
+        model = Net()
+        shards = {}
     groups = [
         {"params": [p for n, p in model.named_parameters() if n.startswith("head")], "lr": 2e-2},
         {
@@ -90,6 +100,7 @@ def train(
         "state_bytes": state_bytes,
         "grad_norm": engine.get_global_grad_norm(),
         "swapped": swapped,
+        "shards": shards,
     }
 
 
