@@ -64,6 +64,7 @@ def init_distributed(
             f"initializing torch.distributed: backend={backend}, world_size={env.world_size} "
             f"(from {env.source}), master={env.master_addr}:{env.master_port}"
         )
+    _bind_group_defaults_early()
     dist.init_process_group(
         backend=backend,
         init_method=init_method or "env://",
@@ -76,6 +77,22 @@ def init_distributed(
     # without an active exception": gloo's threads destroyed while joinable, seen after ZeRO
     # runs); the group we created is destroyed in order at exit instead.
     atexit.register(_destroy_at_exit)
+
+
+def _bind_group_defaults_early() -> None:
+    """[Note: clean exit]
+    torch.distributed.nn.functional evaluates `group=group.WORLD` as a default argument at
+    import, so importing it after the process group exists pins that group from ten
+    function defaults. Constructing any torch optimizer imports it (through torch._dynamo).
+    The pinned group then survives destroy_process_group at exit, its gloo worker threads
+    live on into interpreter finalization, and one of them dropping its last finished work
+    (whose tensors need the GIL to release) is killed there: "terminate called without an
+    active exception", SIGABRT, exit 134 after all the work was done (seen in about 1 of 12
+    two-rank ZeRO-2 jobs; gdb: ProcessGroupGloo::runLoop -> ~AsyncWork -> take_gil ->
+    pthread_exit in Py_FinalizeEx). Imported before the group exists, the defaults are None,
+    destroy_process_group at exit frees the group and joins its threads while the
+    interpreter is whole."""
+    import torch.distributed.nn  # noqa: F401 - imported for its side effect on defaults
 
 
 def _destroy_at_exit() -> None:

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("zero_step.py", ["--smoke", "--no-upstream"], "zero_step_smoke.json"),  # ~35 s
         ("zero3_step.py", ["--smoke", "--no-upstream"], "zero3_step_smoke.json"),  # ~45 s
         ("aio.py", ["--smoke", "--dir", "{tmp}"], "aio_smoke.json"),  # ~2 s
+        ("exit_soak.py", ["--smoke"], "exit_soak_smoke.json"),  # two 2-rank jobs, ~20 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
