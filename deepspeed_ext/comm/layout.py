@@ -157,18 +157,24 @@ def layout_from_mpu(mpu: Any) -> ParallelLayout:
     data = axis(("data_parallel",), required=True)
     tensor = axis(("tensor_model_parallel", "slice_parallel", "model_parallel"), required=False)
     pipe = axis(("pipe_parallel", "pipeline_model_parallel"), required=False)
-    # Megatron's "model parallel" group is tensor x pipe when both exist (upstream's grid
-    # names it so); when an mpu only has tensor groups, that is the model group.
-    model = axis(("model_parallel",), required=False)
-    if model.size < tensor.size * pipe.size:
-        model = tensor if pipe.size == 1 else (pipe if tensor.size == 1 else model)
-    layout = ParallelLayout(data, tensor, pipe, model, None, f"mpu {type(mpu).__name__}")
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if data.size * max(model.size, 1) != world:
+    if data.size * tensor.size * pipe.size != world:
         raise ValueError(
-            f"mpu {type(mpu).__name__}: data-parallel size {data.size} x model-parallel size "
-            f"{model.size} != world size {world}; check the mpu's groups"
+            f"mpu {type(mpu).__name__}: data-parallel {data.size} x tensor-parallel "
+            f"{tensor.size} x pipeline {pipe.size} != world size {world}; check its groups"
         )
+    # the model group is every rank holding another part of this replica: tensor x pipe
+    # (upstream's grid names it so; Megatron's older mpus call the tensor group "model")
+    model = axis(("model_parallel",), required=False)
+    if model.size != tensor.size * pipe.size:
+        if tensor.size > 1 and pipe.size > 1:
+            raise ValueError(
+                f"mpu {type(mpu).__name__}: get_model_parallel_group() has {model.size} ranks, "
+                f"but tensor x pipeline is {tensor.size * pipe.size}: give the mpu a "
+                "model-parallel group spanning both (as PipelineParallelGrid does)"
+            )
+        model = tensor if tensor.size > 1 else pipe
+    layout = ParallelLayout(data, tensor, pipe, model, None, f"mpu {type(mpu).__name__}")
     return layout
 
 

@@ -1,6 +1,6 @@
 """`deepspeed.runtime.pipe`: upstream's import path (the topology classes so far)."""
 
-from deepspeed_ext.comm import (
+from .topology import (
     PipeDataParallelTopology,
     PipelineParallelGrid,
     PipeModelDataParallelTopology,
