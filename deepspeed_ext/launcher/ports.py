@@ -27,7 +27,11 @@ def free_port() -> int:
 
 
 def choose_master_port(requested: int) -> tuple[int, str | None]:
-    """(port to use, a one-line note when we had to move off the requested one)."""
+    """(port to use, a one-line note when we had to move off the requested one). Port 0
+    means any free port: passed through, rank 0's store would bind a random port and every
+    other rank would wait forever to connect to port 0."""
+    if requested == 0:
+        return free_port(), None
     if not port_in_use(requested):
         return requested, None
     port = free_port()

@@ -291,6 +291,14 @@ def test_free_port_when_default_is_taken(tmp_path):
     assert f"master port 29500 is in use; using free port {port}" in r.stderr
 
 
+def test_master_port_0_means_any_free_port(tmp_path):
+    """Passed through, port 0 left every rank but rank 0 connecting to port 0 forever."""
+    r = deepspeed(tmp_path, "--master_port", "0", script(tmp_path, DUMP))
+    assert r.returncode == 0, r.stderr
+    port = int(outputs(tmp_path, 1)[0]["MASTER_PORT"])
+    assert port > 0
+
+
 def test_each_rank_log(tmp_path):
     body = "import os, sys\nprint('out', os.environ['RANK'])\nprint('err', file=sys.stderr)\n"
     r = deepspeed(
