@@ -96,6 +96,11 @@ def _bind_group_defaults_early() -> None:
 
 
 def _destroy_at_exit() -> None:
+    # Drop the groups we keep at module level first, so destroying them frees them now.
+    # Sub-groups a user object still holds (an engine's layout) live on until it is freed.
+    from . import layout
+
+    layout.forget_groups()
     if dist.is_initialized():
         try:
             dist.destroy_process_group()

@@ -189,6 +189,12 @@ def layout_for(mpu: Any) -> ParallelLayout:
     return layout_from_mpu(mpu)
 
 
+def forget_groups() -> None:
+    """Drop the module's own references to process groups (at exit)."""
+    set_current(None)
+    _solo_groups.clear()
+
+
 def set_current(layout: ParallelLayout | None) -> None:
     global _current
     _current = layout
