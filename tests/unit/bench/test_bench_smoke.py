@@ -77,6 +77,9 @@ def test_bench_smoke(script, args, result, tmp_path):
             if not res["dd_skipped"]:
                 assert res["ours_over_dd"][kind]["ours"] > 0, res["ours_over_dd"]
         assert not list((tmp_path / "io").iterdir())  # the bench file is removed
+    elif result == "exit_soak_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]
     elif result:
         data = json.loads((tmp_path / result).read_text())
         for case in ("fp32", "bf16"):

@@ -22,7 +22,9 @@ def test_every_rank_gets_the_deepspeed_env_variables(tmp_path):
     script.write_text(
         "import os\n"
         "keys = ('RANK', 'FROM_HOME', 'SHARED', 'NCCL_TEST_FLAG')\n"
-        "print('ENV', *[os.environ.get(k) for k in keys], flush=True)\n"
+        "line = ' '.join(['ENV', *[str(os.environ.get(k)) for k in keys]])\n"
+        "# one write: ranks run unbuffered (-u), and a print's pieces from two ranks interleave\n"
+        "os.write(1, (line + '\\n').encode())\n"
     )
     r = subprocess.run(
         [sys.executable, "-m", "deepspeed_ext.launcher.runner", "--num_gpus", "2", str(script)],
