@@ -33,7 +33,7 @@ from .layout import (
     layout_from_topology,
     world_layout,
 )
-from .sharded import all_gather_bucket, all_reduce_sum_, reduce_scatter_bucket
+from .sharded import all_gather_bucket, reduce_scatter_bucket, sum_over
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
@@ -52,7 +52,7 @@ __all__ = [
     "ReduceOp",
     "all_gather",
     "all_gather_bucket",
-    "all_reduce_sum_",
+    "sum_over",
     "reduce_scatter_bucket",
     "all_gather_object",
     "all_reduce",

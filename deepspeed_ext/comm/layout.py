@@ -63,10 +63,6 @@ class ParallelLayout:
     topology: ProcessTopology | None
     source: str  # where it came from, for messages
 
-    @property
-    def world_size(self) -> int:
-        return self.data.size * self.model.size
-
     def describe(self) -> str:
         return (
             f"data-parallel {self.data.size} x pipeline {self.pipe.size} x tensor "
@@ -206,10 +202,6 @@ def current() -> ParallelLayout:
     if _current is not None:
         return _current
     return world_layout()
-
-
-def data_group() -> AxisGroup:
-    return current().data
 
 
 def resolve(group: Any) -> tuple[Any, int]:

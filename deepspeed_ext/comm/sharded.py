@@ -47,10 +47,11 @@ def _in_place(pg: Any) -> bool:
     return dist.get_backend(pg) == "gloo"
 
 
-def _own_chunk(bucket: torch.Tensor, group: Any, pg: Any, size: int) -> torch.Tensor:
+def _own_bounds(bucket: torch.Tensor, group: Any, pg: Any, size: int) -> tuple[int, int]:
+    """[lo, hi) of this rank's chunk of the bucket."""
     rank = group.rank if isinstance(group, AxisGroup) else dist.get_rank(pg)
     c = bucket.numel() // size
-    return bucket[rank * c : (rank + 1) * c]
+    return rank * c, (rank + 1) * c
 
 
 def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = None) -> Any:
@@ -64,7 +65,8 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         work = dist.all_reduce(bucket, group=pg, async_op=True)
-        own = _own_chunk(bucket, group, pg, size)
+        lo, hi = _own_bounds(bucket, group, pg, size)
+        own = bucket[lo:hi]
         if own.data_ptr() == out.data_ptr():
             return work
         return _Then(work, lambda: out.copy_(own))
@@ -78,18 +80,20 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
         bucket.copy_(chunk)
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
-        own = _own_chunk(bucket, group, pg, size)
-        if own.data_ptr() != chunk.data_ptr():
-            own.copy_(chunk)
-        start = own.data_ptr() - bucket.data_ptr()
-        lo = start // bucket.element_size()
+        lo, hi = _own_bounds(bucket, group, pg, size)
+        if bucket[lo:hi].data_ptr() != chunk.data_ptr():
+            bucket[lo:hi].copy_(chunk)
         bucket[:lo].zero_()
-        bucket[lo + own.numel() :].zero_()
+        bucket[hi:].zero_()
         return dist.all_reduce(bucket, group=pg, async_op=True)
     return _ALL_GATHER(bucket, chunk, group=pg, async_op=True)
 
 
-def all_reduce_sum_(t: torch.Tensor, group: Any = None) -> None:
+def sum_over(value: float, group: Any = None) -> float:
+    """The sum of a float over the group's ranks (float64; itself over one rank)."""
     pg, size = resolve(group)
-    if size > 1:
-        dist.all_reduce(t, group=pg)
+    if size == 1:
+        return value
+    t = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(t, group=pg)
+    return float(t)

@@ -18,9 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from deepspeed_ext.comm import AxisGroup, all_reduce_sum_
+from deepspeed_ext.comm import AxisGroup, sum_over
 from deepspeed_ext.zero.protocol import GradientStrategy
 
 from .grad_clip import clip_factor
@@ -34,11 +32,7 @@ class StepOutcome:
 
 def global_grad_norm(strategy: GradientStrategy, pipe: AxisGroup, inv_scale: float) -> float:
     """The whole model's gradient norm, the same on every rank."""
-    sq = strategy.grad_sq_sum()
-    if pipe.size > 1:
-        t = torch.tensor(sq, dtype=torch.float64)
-        all_reduce_sum_(t, group=pipe)
-        sq = float(t)
+    sq = sum_over(strategy.grad_sq_sum(), pipe)
     return math.sqrt(sq) * inv_scale  # inf and nan pass through
 
 

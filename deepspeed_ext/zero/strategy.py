@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_gather_bucket, all_reduce_sum_
+from deepspeed_ext.comm import all_gather_bucket, sum_over
 
 from . import checkpoint
 from .layout import GroupLayout, plan_group
@@ -86,11 +86,7 @@ class ZeroStrategy:
     # -- the step --
     def grad_sq_sum(self) -> float:
         """Sum of squares over the whole replica's gradients (every partition)."""
-        sq = torch.tensor(
-            sum_of_squares([g for grp in self.groups for g in grp.grads]), dtype=torch.float64
-        )
-        all_reduce_sum_(sq, group=self.dp)
-        return float(sq)
+        return sum_over(sum_of_squares([g for grp in self.groups for g in grp.grads]), self.dp)
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:

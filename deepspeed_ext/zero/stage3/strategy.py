@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_reduce_sum_
+from deepspeed_ext.comm import sum_over
 
 from ..backward_end import EndOfBackward
 from ..norms import sum_of_squares
@@ -266,9 +266,7 @@ class Stage3Strategy:
 
     # -- the step --
     def grad_sq_sum(self) -> float:
-        sq = torch.tensor(sum_of_squares(self.reducer.grads()), dtype=torch.float64)
-        all_reduce_sum_(sq, group=self.dp)
-        return float(sq)
+        return sum_over(sum_of_squares(self.reducer.grads()), self.dp)
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:
