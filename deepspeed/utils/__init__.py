@@ -1,3 +1,4 @@
+from deepspeed_ext.runtime.dataloader import RepeatingLoader
 from deepspeed_ext.utils.logging import log_dist, logger
 from deepspeed_ext.zero.stage3 import (
     get_z3_leaf_modules,
@@ -7,6 +8,7 @@ from deepspeed_ext.zero.stage3 import (
 )
 
 __all__ = [
+    "RepeatingLoader",
     "get_z3_leaf_modules",
     "log_dist",
     "logger",

@@ -45,7 +45,7 @@ from .sections.hybrid_engine import HybridEngineConfig
 from .sections.jsonl_monitor import JsonlMonitorConfig
 from .sections.nebula import NebulaConfig
 from .sections.optimizer import OptimizerConfig
-from .sections.pipeline import PipelineConfig
+from .sections.pipeline import PipelineConfig, PipelineParallelismConfig
 from .sections.progressive_layer_drop import ProgressiveLayerDropConfig
 from .sections.quantize_training import QuantizeTrainingConfig
 from .sections.scheduler import SchedulerConfig
@@ -134,6 +134,7 @@ class DeepSpeedConfig(BaseModel):
 
     # -- parallelism and other engines ------------------------------------------------------------
     pipeline: PipelineConfig = PipelineConfig()
+    pipeline_parallelism: PipelineParallelismConfig = PipelineParallelismConfig()
     tensor_parallel: TensorParallelConfig = TensorParallelConfig()
     expert_parallel: ExpertParallelConfig = ExpertParallelConfig()
     hybrid_engine: HybridEngineConfig = HybridEngineConfig()

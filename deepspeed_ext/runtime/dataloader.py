@@ -50,6 +50,25 @@ class DeepSpeedDataLoader:
         return iter(self.loader)
 
 
+class RepeatingLoader:
+    """Upstream's wrapper: iterate a loader forever, restarting it when it runs out (a
+    pipeline pulls gradient_accumulation_steps micro-batches per train_batch())."""
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.data_iter = iter(loader)
+
+    def __iter__(self) -> RepeatingLoader:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)  # an empty loader raises StopIteration again
+
+
 def batch_tokens(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int | None]:
     """(samples, tokens) of a forward call, for the metrics line: the first tensor argument
     gives the batch; an integer [batch, seq] tensor (token ids) gives tokens too."""

@@ -20,6 +20,7 @@ from .precision import MasterWeights
 
 class DataParallelStrategy:
     stage = 0
+    partitioned_grads = False
 
     def __init__(self, ctx: StrategyContext) -> None:
         self.module = ctx.module
@@ -83,6 +84,9 @@ class DataParallelStrategy:
 
     def remove_hooks(self) -> None:
         self.grads.remove_hooks()
+
+    def grads_of(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+        return [self.grads.buckets.grad_view(p) for p in params]
 
     # -- checkpoints: everything in the model-states file (rank 0 of the data group) --
     def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:

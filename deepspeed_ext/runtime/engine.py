@@ -87,9 +87,7 @@ class DeepSpeedEngine(torch.nn.Module):
                 module=self.module,
                 model_groups=model_groups,
                 accum_dtype=accum,
-                bucket_numel=reduce_bucket_numel(
-                    config.zero_optimization, self.zero_optimization_stage(), params, elem
-                ),
+                bucket_numel=self._bucket_numel(params, elem),
                 device=self.device,
                 optimizer_device=optimizer_device(config, self.device),
                 data=self.layout.data,
@@ -145,6 +143,11 @@ class DeepSpeedEngine(torch.nn.Module):
         if name:
             return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
         return torch.float32 if any(p.dtype != torch.float32 for p in params) else params[0].dtype
+
+    def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:
+        return reduce_bucket_numel(
+            self.config.zero_optimization, self.zero_optimization_stage(), params, elem
+        )
 
     def _broadcast_module(self) -> None:
         """Start every data-parallel rank from its group's rank 0 weights and buffers, as DDP
@@ -246,7 +249,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_samples += self._micro_batch_size * self.dp_world_size
         self._boundary_override = None
 
-    def _model_step(self, lr_kwargs: dict[str, Any]) -> None:
+    def _model_step(self, lr_kwargs: dict[str, Any], replicated_sq: float = 0.0) -> None:
         """[Note: optimizer step]: shared with the pipeline engine."""
         scale = self.loss_scaler.loss_scale if self.loss_scaler else None
         out = optimizer_step(
@@ -257,6 +260,7 @@ class DeepSpeedEngine(torch.nn.Module):
             float(self.config.gradient_clipping or 0.0),
             self.layout.pipe,
             lr_kwargs,
+            replicated_sq,
         )
         self.overflow = out.overflow
         if self.optimizer is not None:  # upstream's optimizers carry it; the HF Trainer reads it

@@ -9,6 +9,8 @@ import torch
 from deepspeed_ext.config import parse
 
 from .engine import DeepSpeedEngine
+from .pipe import PipelineEngine, PipelineModule
+from .pipe.wrap import as_pipeline
 
 
 def initialize(
@@ -44,9 +46,16 @@ def initialize(
             "no DeepSpeed config: pass config=<dict or path> to deepspeed.initialize, or "
             "--deepspeed_config <path> on the command line"
         )
-    engine = DeepSpeedEngine(
+    parsed = parse(config)
+    if parsed.pipeline_parallelism.num_stages is not None or isinstance(model, PipelineModule):
+        from deepspeed_ext import comm
+
+        comm.init_distributed(dist_init_required=dist_init_required, verbose=False)
+        model = as_pipeline(model, parsed)
+    engine_type: Any = PipelineEngine if isinstance(model, PipelineModule) else DeepSpeedEngine
+    engine = engine_type(
         model=model,
-        config=parse(config),
+        config=parsed,
         optimizer=optimizer,
         model_parameters=model_parameters,
         training_data=training_data,

@@ -30,9 +30,13 @@ class StepOutcome:
     overflow: bool  # fp16 overflow: the step was skipped
 
 
-def global_grad_norm(strategy: GradientStrategy, pipe: AxisGroup, inv_scale: float) -> float:
-    """The whole model's gradient norm, the same on every rank."""
-    sq = sum_over(strategy.grad_sq_sum(), pipe)
+def global_grad_norm(
+    strategy: GradientStrategy, pipe: AxisGroup, inv_scale: float, replicated_sq: float = 0.0
+) -> float:
+    """The whole model's gradient norm, the same on every rank. replicated_sq: the part of
+    this rank's sum of squares that another stage also holds (pipeline tied weights), so
+    counted once."""
+    sq = sum_over(strategy.grad_sq_sum() - replicated_sq, pipe)
     return math.sqrt(sq) * inv_scale  # inf and nan pass through
 
 
@@ -44,9 +48,10 @@ def optimizer_step(
     clip: float,
     pipe: AxisGroup,
     lr_kwargs: dict[str, Any],
+    replicated_sq: float = 0.0,
 ) -> StepOutcome:
     inv_scale = 1.0 / loss_scaler.loss_scale if loss_scaler is not None else 1.0
-    norm = global_grad_norm(strategy, pipe, inv_scale)
+    norm = global_grad_norm(strategy, pipe, inv_scale, replicated_sq)
     overflow = loss_scaler is not None and not math.isfinite(norm)
     if overflow:
         loss_scaler.update(True)

@@ -21,6 +21,8 @@ from .sharded_group import ShardedGroup
 
 
 class ZeroStrategy:
+    partitioned_grads = True
+
     def __init__(self, ctx: StrategyContext, stage: int) -> None:
         self.stage = stage
         self.module = ctx.module
@@ -124,6 +126,16 @@ class ZeroStrategy:
 
     def remove_hooks(self) -> None:
         self.reducer.remove_hooks()
+
+    def grads_of(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+        want = [id(p) for p in params]
+        for grp in self.groups:
+            if [id(p) for p in grp.params] == want:
+                return list(grp.grads)
+        raise ValueError(
+            "grads_of: these params are not exactly one ZeRO param group (the pipeline engine "
+            "puts each tied weight group in its own)"
+        )
 
     # -- checkpoints: the module whole in the model states, partitions per rank --
     def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:

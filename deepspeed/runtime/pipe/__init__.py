@@ -1,4 +1,6 @@
-"""`deepspeed.runtime.pipe`: upstream's import path (the topology classes so far)."""
+"""`deepspeed.runtime.pipe`: upstream's import path (modules, topology, engine, schedules)."""
+
+from deepspeed_ext.runtime.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 
 from .topology import (
     PipeDataParallelTopology,
@@ -8,8 +10,11 @@ from .topology import (
 )
 
 __all__ = [
+    "LayerSpec",
     "PipeDataParallelTopology",
     "PipeModelDataParallelTopology",
+    "PipelineModule",
     "PipelineParallelGrid",
     "ProcessTopology",
+    "TiedLayerSpec",
 ]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+from pydantic import Field
+
 from ..types import Auto, Bool, Int, Section, Str
 
 
@@ -16,3 +20,14 @@ class PipelineConfig(Section):
     grad_partitioned: Bool = True
     # None: reentrant checkpointing (upstream's default).
     use_reentrant: Bool | None = None
+
+
+class PipelineParallelismConfig(Section):
+    """deepspeed_ext's `pipeline_parallelism` (the key widely read guides print; upstream has
+    none): a plain nn.Sequential or list of layers given to deepspeed.initialize becomes a
+    PipelineModule with this many stages, partitioned by `pipeline.partition`."""
+
+    num_stages: Annotated[Int, Field(gt=0)] | None = None
+
+    def active(self) -> bool:
+        return self.num_stages is not None

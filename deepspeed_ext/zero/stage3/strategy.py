@@ -54,6 +54,7 @@ class Stage3Options:
 
 class Stage3Strategy:
     stage = 3
+    partitioned_grads = True
 
     def __init__(self, ctx: StrategyContext, options: Stage3Options) -> None:
         module, model_groups = ctx.module, ctx.model_groups
@@ -308,6 +309,11 @@ class Stage3Strategy:
         for h in self._grad_hooks:
             h.remove()
         self._grad_hooks.clear()
+
+    def grads_of(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+        raise RuntimeError(  # only pipelines ask, and they refuse stage 3 up front
+            "stage 3 keeps no per-group gradient storage for pipeline tied weights"
+        )
 
     # -- checkpoints ([Note: stage-3 checkpoint]) --
     def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:

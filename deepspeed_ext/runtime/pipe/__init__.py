@@ -1,0 +1,8 @@
+"""Pipeline parallelism (upstream's deepspeed.pipe): PipelineModule, LayerSpec,
+TiedLayerSpec, the 1F1B schedule and the PipelineEngine that runs it."""
+
+from .engine import PipelineEngine, PipelineError
+from .module import PipelineModule
+from .spec import LayerSpec, TiedLayerSpec
+
+__all__ = ["LayerSpec", "PipelineEngine", "PipelineError", "PipelineModule", "TiedLayerSpec"]

@@ -1,0 +1,55 @@
+"""What a pipeline run refuses before any collective: config keys that disagree with the
+PipelineModule, ZeRO stage 3, an mpu beside the module's own grid."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .module import PipelineModule
+
+
+def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None:
+    if mpu is not None and mpu is not module.mpu():
+        raise ValueError(
+            "deepspeed.initialize(mpu=...) with a PipelineModule: the module's topology "
+            "already defines the parallel layout; drop mpu= (or build the PipelineModule "
+            "with topology= matching it)"
+        )
+    stage = int(config.zero_optimization.stage)
+    if stage >= 3:
+        raise ValueError(
+            "zero_optimization.stage 3 does not run with pipeline parallelism (a "
+            "PipelineModule): each stage already holds only its own layers; use stage 1 or "
+            "2 to partition optimizer states and gradients over the data-parallel ranks"
+        )
+    pipe = config.pipeline
+    given = pipe.model_fields_set
+    if "stages" in given and pipe.stages != "auto" and int(pipe.stages) != module.num_stages:
+        raise ValueError(
+            f"pipeline.stages is {pipe.stages} but the PipelineModule has "
+            f'{module.num_stages} stages: make them agree, or set pipeline.stages to "auto"'
+        )
+    ours = {
+        "partition": _partition_name(module.partition_method),
+        "seed_layers": module.seed_layers,
+        "activation_checkpoint_interval": module.activation_checkpoint_interval,
+    }
+    for key, value in ours.items():
+        if key not in given:
+            continue
+        want = getattr(pipe, key)
+        same = _partition_name(want) == value if key == "partition" else want == value
+        if not same:
+            arg = {"partition": "partition_method"}.get(key, key)
+            raise ValueError(
+                f"pipeline.{key} is {want!r} but the PipelineModule was built with "
+                f"{arg}={value!r}: the module's argument decides; drop pipeline.{key} "
+                "or make them agree"
+            )
+
+
+def _partition_name(method: Any) -> Any:
+    if isinstance(method, (list, tuple)):
+        return list(method)
+    m = str(method).lower()
+    return "parameters" if m == "best" else m

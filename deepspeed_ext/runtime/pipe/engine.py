@@ -1,0 +1,383 @@
+"""PipelineEngine: deepspeed.initialize's engine for a PipelineModule (upstream's API).
+
+One call of train_batch() runs a whole batch: gradient_accumulation_steps micro-batches
+through the stages on the 1F1B schedule (schedule.py), then the optimizer step shared with
+the data-parallel engine ([Note: optimizer step]). The gradient strategy (stage 0, ZeRO 1 or
+2) works per stage over the data-parallel group exactly as without a pipeline: the schedule
+begins each backward with boundary=True only for the batch's last micro-batch.
+First and last stages read the batch: (inputs, labels) per micro-batch; the returned loss is
+the data-parallel mean of the batch's mean micro-batch loss, the same on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel
+from deepspeed_ext.zero.norms import sum_of_squares
+
+from ..dataloader import RepeatingLoader
+from ..engine import DeepSpeedEngine
+from . import schedule as sch
+from .checks import check_pipeline_config
+from .module import PipelineModule
+
+
+class PipelineError(RuntimeError):
+    """A pipeline engine used as it cannot be (the message says how to use it)."""
+
+
+def _as_tuple(x: Any) -> tuple[Any, ...]:
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _to_device(x: Any, device: torch.device) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    if isinstance(x, (tuple, list)):
+        return tuple(_to_device(t, device) for t in x)
+    return x
+
+
+class PipelineEngine(DeepSpeedEngine):
+    def __init__(self, model: PipelineModule, config: Any, mpu: Any = None, **kwargs: Any) -> None:
+        check_pipeline_config(config, model, mpu)
+        self._tied = model.tied  # read by _model_param_groups during construction
+        super().__init__(model, config, mpu=model.mpu(), **kwargs)
+        self.grid = model.mpu()
+        self.num_stages = model.num_stages
+        self.stage_id = model.stage_id
+        self.micro_batches = self.gradient_accumulation_steps()
+        self.is_pipe_parallel = self.num_stages > 1
+        self.is_data_parallel = self.dp_world_size > 1
+        prev_rank = self.grid.stage_to_global(self.stage_id - 1) if self.stage_id > 0 else -1
+        next_rank = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else -1
+        dyn = model.dynamic_shape
+        s = self.stage_id
+        self._act_in = PipeChannel(prev_rank, f"activations from stage {s - 1}", dyn)
+        self._act_out = PipeChannel(next_rank, f"stage {s}'s output to stage {s + 1}", dyn)
+        self._grad_in = PipeChannel(next_rank, f"gradients from stage {s + 1}", dyn)
+        self._grad_out = PipeChannel(prev_rank, f"stage {s}'s input gradients", dyn)
+        self.data_iterator: Iterator[Any] | None = None
+        if self.training_dataloader is not None and self._needs_data():
+            self.data_iterator = iter(RepeatingLoader(self.training_dataloader))
+        self.agg_train_loss: torch.Tensor | None = None
+        self.total_loss: torch.Tensor | None = None
+        self._compute_loss = True
+        self._return_logits = False
+        self.outputs: Any = None
+        self._reset_buffers(0)
+
+    # -- construction hooks --
+    def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
+        """Each tied key's params in a group of their own, so that ZeRO lays their gradients
+        out the same on every stage holding them ([Note: tied weights])."""
+        groups = super()._model_param_groups(client, model_parameters)
+        tied = self._tied.entries()
+        if not tied:
+            return groups
+        key_of = {id(p): k for k, ps, _ in tied for p in ps}
+        out: list[dict[str, Any]] = []
+        extra: dict[str, dict[str, Any]] = {}
+        for g in groups:
+            out.append(dict(g, params=[p for p in g["params"] if id(p) not in key_of]))
+            for p in g["params"]:
+                if id(p) in key_of and key_of[id(p)] not in extra:
+                    extra[key_of[id(p)]] = dict(g, params=[])
+        for k, ps, _ in tied:
+            if k in extra:
+                extra[k]["params"] = list(ps)  # the key's attribute order, on every stage
+        return [g for g in out if g["params"]] + [extra[k] for k in sorted(extra)]
+
+    def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:
+        """The same on every stage: tied groups then get the same ZeRO layout everywhere."""
+        mine = torch.tensor(float(super()._bucket_numel(params, elem)), dtype=torch.float64)
+        comm.all_reduce(mine, op=comm.ReduceOp.MAX, group=self.layout.pipe)
+        return int(mine)
+
+    # -- upstream's queries --
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.num_stages - 1
+
+    def _needs_data(self) -> bool:
+        return self.is_first_stage() or self.is_last_stage()
+
+    def set_dataiterator(self, iterator: Iterator[Any]) -> None:
+        if self._needs_data():
+            self.data_iterator = iterator
+
+    def set_dataloader(self, loader: Any) -> None:
+        if self._needs_data():
+            self.training_dataloader = loader
+            self.data_iterator = iter(RepeatingLoader(loader))
+
+    def set_batch_fn(self, fn: Callable[[Any], Any]) -> None:
+        self._batch_fn = fn
+
+    # -- the data-parallel engine's per-micro-batch API is not a pipeline's --
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise PipelineError(
+            "a PipelineEngine runs whole batches: call engine.train_batch(data_iter) (or "
+            "eval_batch), not engine(batch)/backward/step"
+        )
+
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        self.forward()
+
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        self.forward()
+
+    # -- batches --
+    def train_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor:
+        if not torch.is_grad_enabled():
+            raise PipelineError("train_batch() needs gradients: call it outside torch.no_grad()")
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        self._check_data_iterators()
+        self.module.train()
+        self._compute_loss = True
+        sched = sch.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id)
+        self._run(sched)
+        self.agg_train_loss = self._aggregate_loss(self.micro_batches)
+        self.micro_steps += self.micro_batches
+        self.global_samples += self.train_batch_size()
+        return self.agg_train_loss
+
+    def eval_batch(
+        self,
+        data_iter: Iterator[Any],
+        return_logits: bool = False,
+        compute_loss: bool = True,
+        reduce_output: str | None = "avg",
+        bcast_loss: bool = True,
+        num_micro_batches: int | None = None,
+    ) -> Any:
+        if reduce_output not in (None, "avg"):
+            raise ValueError(f"eval_batch(reduce_output={reduce_output!r}): use 'avg' or None")
+        saved = self.data_iterator
+        self.set_dataiterator(data_iter)
+        self._check_data_iterators()
+        self.module.eval()
+        self._compute_loss = compute_loss
+        self._return_logits = return_logits
+        m = num_micro_batches or self.micro_batches
+        try:
+            with torch.no_grad():
+                self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id))
+            out: Any = None
+            if self.is_last_stage():
+                outs = self._losses
+                out = outs if reduce_output is None else self._mean_over_data(outs, m)
+            if compute_loss and bcast_loss and reduce_output is not None:
+                out = self._from_last_stage(out)
+        finally:
+            self.data_iterator = saved
+            self._return_logits = False
+            self.module.train()
+        if return_logits:
+            logits, self.outputs = self.outputs, None
+            return out, logits
+        return out
+
+    # -- the schedule --
+    def _reset_buffers(self, n: int) -> None:
+        self._inputs: list[Any] = [None] * n
+        self._labels: list[Any] = [None] * n
+        self._outputs: list[Any] = [None] * n
+        self._input_grads: list[Any] = [None] * n
+        self._losses: list[torch.Tensor] = []
+        self._backwards_left = 0
+
+    def _run(self, sched: sch.PipeSchedule) -> None:
+        self._reset_buffers(sched.num_pipe_buffers())
+        if isinstance(sched, sch.TrainSchedule):
+            self._backwards_left = sched.micro_batches
+        handlers: dict[type, Callable[[Any], None]] = {
+            sch.LoadMicroBatch: self._exec_load_micro_batch,
+            sch.RecvActivation: self._exec_recv_activations,
+            sch.ForwardPass: self._exec_forward_pass,
+            sch.SendActivation: self._exec_send_activations,
+            sch.RecvGrad: self._exec_recv_grads,
+            sch.BackwardPass: self._exec_backward_pass,
+            sch.SendGrad: self._exec_send_grads,
+            sch.ReduceTiedGrads: self._exec_reduce_tied_grads,
+            # the strategy reduced in the batch's last backward ([Note: gradient strategy])
+            sch.ReduceGrads: lambda _: None,
+            sch.OptimizerStep: self._exec_optimizer_step,
+        }
+        try:
+            for step in sched.steps():
+                for cmd in step:
+                    handlers[type(cmd)](cmd)
+            for ch in (self._act_out, self._grad_out):
+                ch.wait_sends()
+        except Exception:
+            # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p])
+            for ch in (self._act_out, self._grad_out):
+                if ch.peer >= 0:
+                    ch.abort()
+            raise
+        finally:
+            self._inputs = self._outputs = self._input_grads = self._labels = []
+
+    def _exec_load_micro_batch(self, cmd: sch.LoadMicroBatch) -> None:
+        assert self.data_iterator is not None  # _check_data_iterators ran
+        batch = next(self.data_iterator)
+        if getattr(self, "_batch_fn", None) is not None:
+            batch = self._batch_fn(batch)
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise ValueError(
+                f"stage {self.stage_id}: the data iterator gave a {type(batch).__name__}; a "
+                "pipeline batch is a pair (inputs, labels): the first stage reads inputs, the "
+                "last stage labels"
+            )
+        b = cmd.buffer_id
+        if self.is_first_stage():
+            self._inputs[b] = _to_device(batch[0], self.device)
+            samples = batch[0][0] if isinstance(batch[0], (tuple, list)) else batch[0]
+            n = int(samples.shape[0]) if isinstance(samples, torch.Tensor) and samples.dim() else 0
+            self.metrics.add_micro_batch(n, None)
+        if self.is_last_stage():
+            self._labels[b] = _to_device(batch[1], self.device)
+
+    def _exec_recv_activations(self, cmd: sch.RecvActivation) -> None:
+        bufs = self._act_in.recv(cmd.buffer_id)
+        assert self._act_in.recv_meta is not None
+        grad = torch.is_grad_enabled()
+        ins = tuple(
+            t.detach().requires_grad_(flag and grad and t.is_floating_point())
+            for t, (_, flag, _) in zip(bufs, self._act_in.recv_meta)
+        )
+        self._inputs[cmd.buffer_id] = ins[0] if len(ins) == 1 else ins
+
+    def _exec_forward_pass(self, cmd: sch.ForwardPass) -> None:
+        b = cmd.buffer_id
+        with self.timers.phase("forward"):
+            out = self.module(self._inputs[b])
+        if not self.is_last_stage():
+            self._outputs[b] = out
+            return
+        loss_fn: Any = getattr(self.module, "loss_fn", None)
+        if self._compute_loss and loss_fn is not None:
+            loss = loss_fn(out, self._labels[b])
+        else:
+            loss = out
+        if self._compute_loss and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            shape = list(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise ValueError(
+                f"the last stage computed {shape}, not a scalar loss: give PipelineModule "
+                "loss_fn=<callable(outputs, labels) -> scalar>, or make the last layer return "
+                "the loss"
+            )
+        if self._return_logits:
+            self.outputs = out
+        self._outputs[b] = loss
+        self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+
+    def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
+        self._act_out.send(_as_tuple(self._outputs[cmd.buffer_id]))
+        if not torch.is_grad_enabled():
+            self._outputs[cmd.buffer_id] = None
+
+    def _exec_recv_grads(self, cmd: sch.RecvGrad) -> None:
+        self._grads_in = self._grad_in.recv(0)
+
+    def _exec_backward_pass(self, cmd: sch.BackwardPass) -> None:
+        b = cmd.buffer_id
+        self._backwards_left -= 1
+        self.strategy.begin_backward(self._backwards_left == 0)  # the batch's boundary
+        with self.timers.phase("backward"):
+            if self.is_last_stage():
+                scaled = self._outputs[b].float() / self.micro_batches
+                if self.loss_scaler is not None:
+                    scaled = scaled * self.loss_scaler.loss_scale
+                scaled.backward()
+            else:
+                outs = [o for o in _as_tuple(self._outputs[b]) if o.requires_grad]
+                if len(outs) != len(self._grads_in):
+                    raise RuntimeError(
+                        f"stage {self.stage_id}: {len(outs)} outputs need gradients but stage "
+                        f"{self.stage_id + 1} sent {len(self._grads_in)}"
+                    )
+                torch.autograd.backward(outs, grad_tensors=list(self._grads_in))
+            self.strategy.end_backward()
+        self._outputs[b] = None
+        if not self.is_first_stage():
+            ins = [t for t in _as_tuple(self._inputs[b]) if t.requires_grad]
+            self._input_grads[b] = tuple(
+                t.grad if t.grad is not None else torch.zeros_like(t) for t in ins
+            )
+
+    def _exec_send_grads(self, cmd: sch.SendGrad) -> None:
+        self._grad_out.send(self._input_grads[cmd.buffer_id])
+        self._input_grads[cmd.buffer_id] = None
+        self._inputs[cmd.buffer_id] = None
+
+    def _exec_reduce_tied_grads(self, cmd: sch.ReduceTiedGrads) -> None:
+        for params, group in self._tied.shared():
+            for g in self.strategy.grads_of(params):
+                comm.all_reduce(g, group=group)
+
+    def _exec_optimizer_step(self, cmd: sch.OptimizerStep) -> None:
+        replicated = [p for p in self._tied.params() if getattr(p, "ds_pipe_replicated", False)]
+        sq = 0.0
+        if replicated:
+            sq = sum_of_squares(self.strategy.grads_of(replicated))
+            if self.strategy.partitioned_grads:
+                sq = comm.sum_over(sq, self.layout.data)
+        with self.timers.phase("step"):
+            self._model_step({}, replicated_sq=sq)
+        self.metrics.on_step(
+            self.global_steps,
+            self.get_lr()[0] if self.optimizer else 0.0,
+            self.loss_scaler.loss_scale if self.loss_scaler else None,
+            self._global_grad_norm,
+        )
+
+    # -- losses --
+    def _mean_over_data(self, values: list[Any], m: int) -> Any:
+        if not values:
+            return None
+        if isinstance(values[0], torch.Tensor):
+            total = torch.stack([v.float() for v in values]).sum(0) / m
+            comm.all_reduce(total, group=self.layout.data)
+            return total / self.dp_world_size
+        return [self._mean_over_data([v[i] for v in values], m) for i in range(len(values[0]))]
+
+    def _from_last_stage(self, value: torch.Tensor | None) -> torch.Tensor:
+        """The last stage's scalar on every stage of this pipeline."""
+        t = value.detach().float().reshape(()) if value is not None else torch.zeros(())
+        t = t.clone()
+        comm.group_broadcast(t, self.layout.pipe, self.layout.pipe.size - 1)
+        return t
+
+    def _aggregate_loss(self, m: int) -> torch.Tensor:
+        mean = self._mean_over_data(self._losses, m) if self.is_last_stage() else None
+        loss = self._from_last_stage(mean)
+        self.total_loss = loss
+        self.metrics.add_loss(loss)
+        return loss
+
+    def _check_data_iterators(self) -> None:
+        """Every rank learns which stages lack an iterator they need, before any p2p."""
+        missing = torch.zeros(self.world_size, dtype=torch.float64)
+        if self._needs_data() and self.data_iterator is None:
+            missing[self.rank] = 1.0
+        comm.all_reduce(missing)
+        if missing.any():
+            ranks = [int(r) for r in missing.nonzero().flatten()]
+            raise PipelineError(
+                f"rank(s) {ranks} (first or last pipeline stage) have no data iterator: pass "
+                "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
+                "and last stages, or training_data= to deepspeed.initialize"
+            )
+
+
+__all__ = ["PipeAborted", "PipelineEngine", "PipelineError"]

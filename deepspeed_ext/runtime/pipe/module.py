@@ -1,0 +1,213 @@
+"""PipelineModule: a model given as a sequence of layers, cut into pipeline stages.
+
+Each rank builds only its stage's layers (LayerSpecs are built where they are owned), names
+them by their global layer index as upstream does (state-dict keys like "3.weight"), and
+keeps the modules of TiedLayerSpecs in `tied_modules` (one per key per stage: every use on
+this stage shares it). Tied weights start equal on every stage holding them (a broadcast
+from the first such stage); their gradients are summed over the stages holding them at each
+step ([Note: tied weights] in pipe/tied.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.comm import AxisGroup, PipelineParallelGrid, ProcessTopology
+from deepspeed_ext.comm.topology import PipeDataParallelTopology
+
+from .partition import partition_layers
+from .spec import LayerSpec, TiedLayerSpec
+from .tied import TiedWeights
+
+
+def _reentrant_free_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+    """The default activation_checkpoint_func: recompute the chunk in backward."""
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(function, *args, use_reentrant=False)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class PipelineModule(torch.nn.Module):
+    def __init__(
+        self,
+        layers: Sequence[Any],
+        num_stages: int | None = None,
+        topology: ProcessTopology | None = None,
+        loss_fn: Callable[..., Any] | None = None,
+        seed_layers: bool = False,
+        seed_fn: Callable[[int], None] | None = None,
+        base_seed: int = 1234,
+        partition_method: Any = "parameters",
+        activation_checkpoint_interval: int = 0,
+        activation_checkpoint_func: Callable[..., Any] = _reentrant_free_checkpoint,
+        checkpointable_layers: list[str] | None = None,
+        dynamic_shape: bool = False,
+    ) -> None:
+        super().__init__()
+        layers = list(layers)
+        if not layers:
+            raise ValueError("PipelineModule(layers=[]): give at least one layer")
+        for i, layer in enumerate(layers):
+            if not (isinstance(layer, (LayerSpec, torch.nn.Module)) or callable(layer)):
+                raise TypeError(
+                    f"PipelineModule layer {i} is a {type(layer).__name__}: layers are "
+                    "LayerSpecs, torch.nn.Modules or callables"
+                )
+        if activation_checkpoint_interval < 0:
+            raise ValueError(
+                f"activation_checkpoint_interval={activation_checkpoint_interval}: use 0 (off) "
+                "or a positive number of layers per checkpoint"
+            )
+        comm.init_distributed(verbose=False)
+        self.world_size = comm.get_world_size()
+        self.global_rank = comm.get_rank()
+        self._topo = self._topology(num_stages, topology)
+        self.num_stages = self._topo.get_dim("pipe")
+        self.loss_fn = loss_fn
+        self.seed_layers = seed_layers
+        self.seed_fn = seed_fn
+        self.base_seed = base_seed
+        self.partition_method = partition_method
+        self.activation_checkpoint_interval = activation_checkpoint_interval
+        self.activation_checkpoint_func = activation_checkpoint_func
+        self.checkpointable_layers = checkpointable_layers
+        self.dynamic_shape = dynamic_shape
+        self._layer_specs = layers
+        self.parts = partition_layers(layers, self.num_stages, partition_method)
+        self._grid = PipelineParallelGrid(topology=self._topo)
+        self.stage_id = self._grid.get_stage_id()
+        self._local_start = self.parts[self.stage_id]
+        self._local_stop = self.parts[self.stage_id + 1]
+        self.micro_offset = 0
+        self.forward_funcs: list[Callable[..., Any]] = []
+        self.tied_modules = torch.nn.ModuleDict()
+        self.tied_weight_attrs: dict[str, list[str]] = {}
+        self._build()
+        self.tied = TiedWeights(self, self._grid)
+
+    def _topology(
+        self, num_stages: int | None, topology: ProcessTopology | None
+    ) -> ProcessTopology:
+        if topology is not None:
+            stages = topology.get_dim("pipe")
+            if num_stages is not None and num_stages != stages:
+                raise ValueError(
+                    f"PipelineModule(num_stages={num_stages}) disagrees with the topology's "
+                    f"{stages} pipe stages: pass one of them"
+                )
+            return topology
+        if num_stages is None:
+            raise ValueError("PipelineModule needs num_stages=<int> or topology=<ProcessTopology>")
+        if num_stages < 1 or self.world_size % num_stages:
+            raise ValueError(
+                f"num_stages={num_stages} does not divide the world size {self.world_size}: "
+                "launch a multiple of num_stages ranks (the rest are data-parallel replicas), "
+                "or change num_stages"
+            )
+        return PipeDataParallelTopology(num_pp=num_stages, num_dp=self.world_size // num_stages)
+
+    def _build(self) -> None:
+        for idx in range(self._local_start, self._local_stop):
+            layer = self._layer_specs[idx]
+            if self.seed_layers:
+                (self.seed_fn or _seed_everything)(self.base_seed + idx)
+            if isinstance(layer, TiedLayerSpec):
+                if layer.key not in self.tied_modules:
+                    self.tied_modules[layer.key] = layer.build()
+                    self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
+                module = self.tied_modules[layer.key]
+                fn = (
+                    module
+                    if layer.forward_fn is None
+                    else functools.partial(layer.forward_fn, module)
+                )
+                self.forward_funcs.append(fn)
+            elif isinstance(layer, LayerSpec):
+                module = layer.build()
+                self.add_module(str(idx), module)
+                self.forward_funcs.append(module)
+            elif isinstance(layer, torch.nn.Module):
+                self.add_module(str(idx), layer)
+                self.forward_funcs.append(layer)
+            else:
+                self.forward_funcs.append(layer)
+
+    # -- forward --
+    def forward(self, forward_input: Any) -> Any:
+        self.micro_offset += 1
+        funcs = self.forward_funcs
+        every = self.activation_checkpoint_interval
+        if every == 0 or not torch.is_grad_enabled():
+            return self._run(0, len(funcs))(forward_input)
+        x = forward_input
+        for start in range(0, len(funcs), every):
+            end = min(start + every, len(funcs))
+            chunk = self._run(start, end)
+            if self._is_checkpointable(funcs[start:end]):
+                args = x if isinstance(x, tuple) else (x,)
+                x = self.activation_checkpoint_func(chunk, *args)
+            else:
+                x = chunk(x)
+        return x
+
+    def _run(self, start: int, end: int) -> Callable[..., Any]:
+        def run(*inputs: Any) -> Any:
+            x = inputs[0] if len(inputs) == 1 else inputs
+            for f in self.forward_funcs[start:end]:
+                x = f(x)
+            return x
+
+        return run
+
+    def _is_checkpointable(self, funcs: list[Any]) -> bool:
+        if self.checkpointable_layers is not None:
+            return all(type(f).__name__ in self.checkpointable_layers for f in funcs)
+        return any(
+            isinstance(f, torch.nn.Module) and any(True for _ in f.parameters()) for f in funcs
+        )
+
+    # -- upstream's queries --
+    def topology(self) -> ProcessTopology:
+        return self._topo
+
+    def mpu(self) -> PipelineParallelGrid:
+        return self._grid
+
+    def num_pipeline_stages(self) -> int:
+        return self.num_stages
+
+    def stage_owner(self, layer_idx: int) -> int:
+        if not 0 <= layer_idx < len(self._layer_specs):
+            raise ValueError(f"layer {layer_idx} is not in this model's {len(self._layer_specs)}")
+        for stage in range(self.num_stages):
+            if self.parts[stage] <= layer_idx < self.parts[stage + 1]:
+                return stage
+        raise AssertionError("unreachable: parts cover every layer")
+
+    def partitions(self) -> list[int]:
+        return list(self.parts)
+
+    def set_checkpoint_interval(self, interval: int) -> None:
+        self.activation_checkpoint_interval = interval
+
+    def allreduce_tied_weight_gradients(self) -> None:
+        """Sum the tied weights' .grad over the stages holding them (for code that keeps
+        grads on the params; the engine sums them where its strategy keeps them)."""
+        self.tied.allreduce_param_grads()
+
+    def get_tied_weights_and_groups(self) -> list[tuple[torch.nn.Parameter, AxisGroup]]:
+        return [(p, g) for _, params, g in self.tied.entries() for p in params]
+
+    def get_additional_losses(self) -> Any:
+        return None

@@ -1,0 +1,169 @@
+"""Pipeline schedules as instruction streams (upstream's names: TrainSchedule,
+InferenceSchedule, and the instructions the engine executes).
+
+A schedule is what one stage does for one batch of `micro_batches` micro-batches: `steps()`
+yields lists of instructions. 1F1B (TrainSchedule): stage s runs min(stages - s - 1, m)
+forwards to fill the pipe, then alternates one forward and one backward, then drains the
+remaining backwards; at most stages - s micro-batches are in flight, which bounds the
+activations a stage keeps. Sends never block ([Note: pipeline p2p]), so a stream that is
+valid when simulated in one process cannot deadlock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+class PipeInstruction:
+    def __init__(self, **kwargs: Any) -> None:
+        self.name = type(self).__name__
+        self.kwargs = kwargs
+        for k, v in kwargs.items():
+            setattr(self, k, v)
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v}" for k, v in self.kwargs.items())
+        return f"{self.name}({args})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PipeInstruction) and (self.name, self.kwargs) == (
+            other.name,
+            other.kwargs,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, tuple(sorted(self.kwargs.items()))))
+
+
+class OptimizerStep(PipeInstruction):
+    pass
+
+
+class ReduceGrads(PipeInstruction):
+    pass
+
+
+class ReduceTiedGrads(PipeInstruction):
+    pass
+
+
+class BufferOpInstruction(PipeInstruction):
+    def __init__(self, buffer_id: int, **kwargs: Any) -> None:
+        super().__init__(buffer_id=buffer_id, **kwargs)
+        self.buffer_id = buffer_id
+
+
+class LoadMicroBatch(BufferOpInstruction):
+    pass
+
+
+class ForwardPass(BufferOpInstruction):
+    pass
+
+
+class BackwardPass(BufferOpInstruction):
+    pass
+
+
+class SendActivation(BufferOpInstruction):
+    pass
+
+
+class RecvActivation(BufferOpInstruction):
+    pass
+
+
+class SendGrad(BufferOpInstruction):
+    pass
+
+
+class RecvGrad(BufferOpInstruction):
+    pass
+
+
+class PipeSchedule:
+    def __init__(self, micro_batches: int, stages: int, stage_id: int) -> None:
+        if micro_batches < 1:
+            raise ValueError(f"micro_batches={micro_batches}: a batch has at least one")
+        if not 0 <= stage_id < stages:
+            raise ValueError(f"stage_id={stage_id} is not one of {stages} stages")
+        self.micro_batches = micro_batches
+        self.stages = stages
+        self.stage_id = stage_id
+        self.prev_stage = stage_id - 1
+        self.next_stage = stage_id + 1
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.stage_id == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.stage_id == self.stages - 1
+
+    def num_pipe_buffers(self) -> int:
+        return self.micro_batches
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        raise NotImplementedError  # the abstract base: TrainSchedule and InferenceSchedule
+
+    def __iter__(self) -> Iterator[list[PipeInstruction]]:
+        return self.steps()
+
+    def _forward(self, mb: int) -> list[PipeInstruction]:
+        buf = mb % self.num_pipe_buffers()
+        cmds: list[PipeInstruction] = []
+        if self.is_first_stage or self.is_last_stage:
+            cmds.append(LoadMicroBatch(buf))
+        if not self.is_first_stage:
+            cmds.append(RecvActivation(buf))
+        cmds.append(ForwardPass(buf))
+        if not self.is_last_stage:
+            cmds.append(SendActivation(buf))
+        return cmds
+
+    def _backward(self, mb: int) -> list[PipeInstruction]:
+        buf = mb % self.num_pipe_buffers()
+        cmds: list[PipeInstruction] = []
+        if not self.is_last_stage:
+            cmds.append(RecvGrad(buf))
+        cmds.append(BackwardPass(buf))
+        if not self.is_first_stage:
+            cmds.append(SendGrad(buf))
+        return cmds
+
+
+class TrainSchedule(PipeSchedule):
+    """1F1B with the batch's optimizer step at the end."""
+
+    def num_pipe_buffers(self) -> int:
+        return max(1, min(self.stages - self.stage_id, self.micro_batches))
+
+    def order(self) -> list[tuple[str, int]]:
+        """("F" | "B", micro-batch) in execution order."""
+        m = self.micro_batches
+        warmup = min(self.stages - self.stage_id - 1, m)
+        seq = [("F", i) for i in range(warmup)]
+        f, b = warmup, 0
+        while f < m:
+            seq += [("F", f), ("B", b)]
+            f, b = f + 1, b + 1
+        seq += [("B", i) for i in range(b, m)]
+        return seq
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        for kind, mb in self.order():
+            yield self._forward(mb) if kind == "F" else self._backward(mb)
+        yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]
+
+
+class InferenceSchedule(PipeSchedule):
+    """Forwards only; two buffers alternate (a received input is consumed by its forward)."""
+
+    def num_pipe_buffers(self) -> int:
+        return 2
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        for mb in range(self.micro_batches):
+            yield self._forward(mb)

@@ -1,0 +1,93 @@
+"""Tied weights across pipeline stages.
+
+[Note: tied weights]
+Layers given as TiedLayerSpecs with one key share their weights (`tied_weight_attr`) on
+whichever stages they land: each such stage holds a copy. For every key held by more than
+one stage there is one tie group per (data, tensor) coordinate: the ranks holding that key
+in one pipeline replica. The copies start equal (a broadcast from the first stage of the
+group), and stay equal because each step sums their gradients over the tie group before the
+optimizer runs (the same update on the same weights). Only the first stage's copy counts in
+the gradient norm (the others carry `ds_pipe_replicated`, upstream's attribute).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.comm import AxisGroup, PipelineParallelGrid
+
+from .spec import TiedLayerSpec
+
+if TYPE_CHECKING:
+    from .module import PipelineModule
+
+
+class TiedWeights:
+    def __init__(self, module: PipelineModule, grid: PipelineParallelGrid) -> None:
+        topo = grid.topology()
+        stage = grid.get_stage_id()
+        me = grid.get_global_rank()
+        owners: dict[str, list[int]] = {}
+        for idx, layer in enumerate(module._layer_specs):
+            if isinstance(layer, TiedLayerSpec):
+                s = module.stage_owner(idx)
+                if s not in owners.setdefault(layer.key, []):
+                    owners[layer.key].append(s)
+        self._entries: list[tuple[str, list[torch.nn.Parameter], AxisGroup]] = []
+        for key in sorted(owners):  # every rank makes the same groups in the same order
+            stages = sorted(owners[key])
+            mine: AxisGroup | None = None
+            for r in range(topo.world_size()):
+                coord = topo.get_coord(r)
+                if coord.pipe != stages[0]:
+                    continue
+                ranks = [topo.get_rank(**coord._replace(pipe=s)._asdict()) for s in stages]
+                group = comm.new_group(ranks) if len(ranks) > 1 else None
+                if me in ranks:
+                    mine = AxisGroup(group, tuple(ranks), ranks.index(me))
+            if key not in module.tied_modules:
+                continue
+            assert mine is not None
+            tied = module.tied_modules[key]
+            params = [_attr(tied, a, key) for a in module.tied_weight_attrs[key]]
+            for p in params:
+                p.ds_pipe_replicated = stage != stages[0]
+            self._entries.append((key, params, mine))
+        with torch.no_grad():
+            for _, params, group in self._entries:
+                for p in params:
+                    comm.group_broadcast(p.data, group)
+
+    def entries(self) -> list[tuple[str, list[torch.nn.Parameter], AxisGroup]]:
+        """(key, params, tie group) for each tied key this stage holds, in key order."""
+        return list(self._entries)
+
+    def shared(self) -> list[tuple[list[torch.nn.Parameter], AxisGroup]]:
+        """The tied params whose tie group spans more than one stage."""
+        return [(ps, g) for _, ps, g in self._entries if g.size > 1]
+
+    def params(self) -> list[torch.nn.Parameter]:
+        return [p for _, ps, _ in self._entries for p in ps]
+
+    def allreduce_param_grads(self) -> None:
+        for params, group in self.shared():
+            for p in params:
+                if p.grad is not None:
+                    comm.all_reduce(p.grad, group=group)
+
+
+def _attr(module: torch.nn.Module, name: str, key: str) -> Any:
+    obj: Any = module
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(
+                f"TiedLayerSpec(key={key!r}): {type(module).__name__} has no attribute "
+                f"{name!r} (tied_weight_attr names the shared parameters)"
+            )
+        obj = getattr(obj, part)
+    if not isinstance(obj, torch.nn.Parameter):
+        raise ValueError(f"TiedLayerSpec(key={key!r}): {name!r} is not a parameter")
+    return obj

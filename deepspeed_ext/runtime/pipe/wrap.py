@@ -1,0 +1,40 @@
+"""`"pipeline_parallelism": {"num_stages": N}`: a plain model becomes a PipelineModule.
+
+An nn.Sequential (its children in order) or a list of layers is cut into N stages with
+`pipeline.partition` (default: balance parameters). The loss comes from the model's own
+`loss_fn` attribute if it has one, else the last layer must return the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .module import PipelineModule
+
+
+def as_pipeline(model: Any, config: Any) -> Any:
+    stages = config.pipeline_parallelism.num_stages
+    if stages is None or isinstance(model, PipelineModule):
+        return model
+    if isinstance(model, torch.nn.Sequential):
+        layers = list(model.children())
+    elif isinstance(model, (list, tuple)) and all(callable(x) for x in model):
+        layers = list(model)
+    else:
+        raise ValueError(
+            f"pipeline_parallelism.num_stages={stages} needs a model given as a "
+            f"torch.nn.Sequential or a list of layers, not {type(model).__name__}: list its "
+            "layers, or build a deepspeed.pipe.PipelineModule yourself"
+        )
+    pipe = config.pipeline
+    partition = pipe.partition if "partition" in pipe.model_fields_set else "parameters"
+    return PipelineModule(
+        layers,
+        num_stages=stages,
+        loss_fn=getattr(model, "loss_fn", None),
+        partition_method=partition,
+        seed_layers=bool(pipe.seed_layers),
+        activation_checkpoint_interval=int(pipe.activation_checkpoint_interval),
+    )

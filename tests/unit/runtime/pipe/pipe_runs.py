@@ -1,0 +1,163 @@
+"""A tiny GPT-like model as pipeline layers, its data, and runs shared by the pipeline tests
+(importable by spawned ranks). The single-process reference trains the same layers on the
+same global batches with torch.optim.AdamW and torch's clip_grad_norm_."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+VOCAB, DIM, SEQ, BLOCKS = 32, 16, 6, 4
+MICRO, LR, CLIP = 2, 1e-2, 0.5
+
+
+class Embed(nn.Module):
+    def __init__(self, vocab: int, dim: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab, dim) * 0.5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return nn.functional.embedding(ids, self.weight)
+
+
+def project(embed: Embed, x: torch.Tensor) -> torch.Tensor:
+    """The tied output head: the embedding's weight used again as the projection."""
+    return x @ embed.weight.t()
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, 2 * dim)
+        self.down = nn.Linear(2 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def specs(tied: bool = True) -> list[Any]:
+    from deepspeed_ext.runtime.pipe import LayerSpec, TiedLayerSpec
+
+    head: Any = (
+        TiedLayerSpec("embed", Embed, VOCAB, DIM, forward_fn=project)
+        if tied
+        else LayerSpec(nn.Linear, DIM, VOCAB)
+    )
+    return [
+        TiedLayerSpec("embed", Embed, VOCAB, DIM),
+        *[LayerSpec(Block, DIM) for _ in range(BLOCKS)],
+        LayerSpec(nn.LayerNorm, DIM),
+        head,
+    ]
+
+
+def micro_batch(step: int, dp_rank: int, mb: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(10_000 * step + 100 * dp_rank + mb)
+    ids = torch.randint(0, VOCAB, (MICRO, SEQ + 1), generator=g)
+    return ids[:, :-1], ids[:, 1:]
+
+
+def batches(step: int, dp_rank: int, gas: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [micro_batch(step, dp_rank, mb) for mb in range(gas)]
+
+
+# -- the single-process reference --
+class Reference(nn.Module):
+    """The same layers, seeded as PipelineModule(seed_layers=True) seeds them."""
+
+    def __init__(self, tied: bool = True, base_seed: int = 1234) -> None:
+        super().__init__()
+        layers = []
+        self.embed: Embed | None = None
+        for idx, spec in enumerate(specs(tied)):
+            torch.manual_seed(base_seed + idx)
+            if getattr(spec, "key", None) == "embed" and self.embed is not None:
+                layers.append(None)  # the tied head: reuses the embedding
+                continue
+            module = spec.build()
+            if self.embed is None and isinstance(module, Embed):
+                self.embed = module
+            layers.append(module)
+        self.layers = nn.ModuleList([m for m in layers if m is not None])
+        self.tied_head = layers[-1] is None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = ids
+        for m in self.layers:
+            x = m(x)
+        return project(self.embed, x) if self.tied_head else x  # type: ignore[arg-type]
+
+
+def reference(steps: int, gas: int, dp: int, tied: bool = True) -> dict[str, Any]:
+    model = Reference(tied)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    losses = []
+    for step in range(steps):
+        total = 0.0
+        for d in range(dp):
+            for ids, labels in batches(step, d, gas):
+                loss = lm_loss(model(ids), labels)
+                (loss / (gas * dp)).backward()
+                total += float(loss.detach()) / (gas * dp)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+# -- the pipeline run (in each spawned rank) --
+def pipeline_run(
+    stages: int, zero: int, dtype: str, steps: int, gas: int, tied: bool = True
+) -> dict[str, Any]:
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    module = PipelineModule(
+        specs(tied),
+        num_stages=stages,
+        loss_fn=lm_loss,
+        seed_layers=True,
+        partition_method="uniform",
+    )
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {"stage": zero},
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    engine, *_ = initialize(
+        model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=LR)
+    )
+    dp_rank = engine.grid.get_data_parallel_id()
+    losses = []
+    for step in range(steps):
+        it = iter(batches(step, dp_rank, gas)) if engine._needs_data() else None
+        losses.append(float(engine.train_batch(it)))
+    # this stage's weights, named by global layer index (tied modules by their first use)
+    weights = {}
+    for name, p in module.named_parameters():
+        weights[name] = p.detach().float().clone()
+    return {
+        "rank": int(os.environ["RANK"]),
+        "stage": engine.stage_id,
+        "dp": dp_rank,
+        "parts": module.parts,
+        "losses": losses,
+        "weights": weights,
+    }
+
+
+def pipeline_cases(cases: list[tuple[int, int, str]], steps: int, gas: int) -> list[dict[str, Any]]:
+    """Several configurations in one set of spawned ranks (spawning is the slow part)."""
+    return [pipeline_run(s, z, d, steps, gas) for s, z, d in cases]
