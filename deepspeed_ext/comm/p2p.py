@@ -37,6 +37,7 @@ _DTYPES = [
     torch.bool,
 ]
 _CODE = {d: i for i, d in enumerate(_DTYPES)}
+_ABORTS: list[tuple[Any, torch.Tensor]] = []  # abort words in flight (a few bytes each)
 Meta = tuple[tuple[torch.dtype, bool, tuple[int, ...]], ...]
 
 
@@ -74,8 +75,11 @@ class PipeChannel:
     """One direction between this rank and `peer` (a global rank). `what` names the traffic
     in messages ("activations from stage 1")."""
 
-    def __init__(self, peer: int, what: str, dynamic: bool = False, max_pending: int = 8) -> None:
+    def __init__(
+        self, peer: int, what: str, dynamic: bool = False, tag: int = 0, max_pending: int = 8
+    ) -> None:
         self.peer = peer
+        self.tag = tag  # per engine: a message left over from a failed run never matches
         self.what = what
         self.dynamic = dynamic  # shapes may change between messages
         self.max_pending = max_pending
@@ -83,6 +87,7 @@ class PipeChannel:
         self.recv_meta: Meta | None = None
         self._buffers: dict[int, tuple[torch.Tensor, ...]] = {}
         self._pending: deque[tuple[Any, tuple[torch.Tensor, ...]]] = deque()
+        self.aborted = False
 
     # -- sending --
     def send(self, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -117,7 +122,7 @@ class PipeChannel:
             self._post(t.detach().contiguous())
 
     def _post(self, t: torch.Tensor) -> None:
-        work = dist.isend(t, self.peer)
+        work = dist.isend(t, self.peer, tag=self.tag)
         self._pending.append((work, (t,)))
         while len(self._pending) > self.max_pending:
             w, _ = self._pending.popleft()
@@ -129,24 +134,30 @@ class PipeChannel:
             w.wait()
 
     def abort(self) -> None:
-        """Tell the peer this side failed (best effort: never blocks)."""
+        """Tell the peer this side failed (once; never blocks)."""
+        if self.aborted:
+            return
+        self.aborted = True
+        word = torch.tensor([_ABORT, 0], dtype=torch.int64)
         try:
-            dist.isend(torch.tensor([_ABORT, 0], dtype=torch.int64), self.peer)
+            work = dist.isend(word, self.peer, tag=self.tag)
         except Exception:  # noqa: BLE001 - the peer may be gone already
-            pass
+            return
+        # the send reads `word` after this returns: keep it alive past this channel's life
+        _ABORTS.append((work, word))
 
     # -- receiving --
     def recv(self, slot: int = 0) -> tuple[torch.Tensor, ...]:
         """The next message's tensors, in this slot's reused buffers (a slot's tensors stay
         valid until the same slot receives again)."""
         head = torch.empty(2, dtype=torch.int64)  # [code, meta length]
-        dist.recv(head, self.peer)
+        dist.recv(head, self.peer, tag=self.tag)
         code, n = int(head[0]), int(head[1])
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
         if code == _META:
             words = torch.empty(n, dtype=torch.int64)
-            dist.recv(words, self.peer)
+            dist.recv(words, self.peer, tag=self.tag)
             self.recv_meta = _decode(words.tolist())
             self._buffers.clear()
         if self.recv_meta is None:
@@ -156,7 +167,7 @@ class PipeChannel:
             bufs = tuple(torch.empty(s, dtype=d) for d, _, s in self.recv_meta)
             self._buffers[slot] = bufs
         for b in bufs:
-            dist.recv(b, self.peer)
+            dist.recv(b, self.peer, tag=self.tag)
         return bufs
 
 

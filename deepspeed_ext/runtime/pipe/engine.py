@@ -44,6 +44,8 @@ def _to_device(x: Any, device: torch.device) -> Any:
 
 
 class PipelineEngine(DeepSpeedEngine):
+    _engines = 0  # engines built in this process: tags their p2p messages
+
     def __init__(self, model: PipelineModule, config: Any, mpu: Any = None, **kwargs: Any) -> None:
         check_pipeline_config(config, model, mpu)
         self._tied = model.tied  # read by _model_param_groups during construction
@@ -58,10 +60,12 @@ class PipelineEngine(DeepSpeedEngine):
         next_rank = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else -1
         dyn = model.dynamic_shape
         s = self.stage_id
-        self._act_in = PipeChannel(prev_rank, f"activations from stage {s - 1}", dyn)
-        self._act_out = PipeChannel(next_rank, f"stage {s}'s output to stage {s + 1}", dyn)
-        self._grad_in = PipeChannel(next_rank, f"gradients from stage {s + 1}", dyn)
-        self._grad_out = PipeChannel(prev_rank, f"stage {s}'s input gradients", dyn)
+        PipelineEngine._engines += 1  # every rank builds its engines in the same order
+        tag = PipelineEngine._engines
+        self._act_in = PipeChannel(prev_rank, f"activations from stage {s - 1}", dyn, tag)
+        self._act_out = PipeChannel(next_rank, f"stage {s}'s output to stage {s + 1}", dyn, tag)
+        self._grad_in = PipeChannel(next_rank, f"gradients from stage {s + 1}", dyn, tag)
+        self._grad_out = PipeChannel(prev_rank, f"stage {s}'s input gradients", dyn, tag)
         self.data_iterator: Iterator[Any] | None = None
         if self.training_dataloader is not None and self._needs_data():
             self.data_iterator = iter(RepeatingLoader(self.training_dataloader))

@@ -96,14 +96,16 @@ class Reference(nn.Module):
         return project(self.embed, x) if self.tied_head else x  # type: ignore[arg-type]
 
 
-def reference(steps: int, gas: int, dp: int, tied: bool = True) -> dict[str, Any]:
+def reference(steps: int, gas: int, dp: int, tied: bool = True, data: Any = None) -> dict[str, Any]:
+    """data(step, dp_rank, gas) -> micro-batches (default: batches)."""
+    data = data or batches
     model = Reference(tied)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     losses = []
     for step in range(steps):
         total = 0.0
         for d in range(dp):
-            for ids, labels in batches(step, d, gas):
+            for ids, labels in data(step, d, gas):
                 loss = lm_loss(model(ids), labels)
                 (loss / (gas * dp)).backward()
                 total += float(loss.detach()) / (gas * dp)
@@ -111,7 +113,11 @@ def reference(steps: int, gas: int, dp: int, tied: bool = True) -> dict[str, Any
         opt.step()
         opt.zero_grad()
         losses.append(total)
-    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+    return {
+        "losses": losses,
+        "params": [p.detach().clone() for p in model.parameters()],
+        "model": model,
+    }
 
 
 # -- the pipeline run (in each spawned rank) --

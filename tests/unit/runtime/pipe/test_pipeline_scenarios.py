@@ -1,0 +1,95 @@
+"""Two-stage pipeline behaviour on real gloo ranks (pipe_scenarios.py runs them all in one
+spawn): eval_batch, activation checkpointing, fp16 loss scaling across stages, the
+pipeline_parallelism key, tuples with int masks, dynamic shapes, and failures that raise on
+every rank (the failing stage's own error, PipeAborted on its neighbour) instead of hanging."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.distributed import run_ranks
+
+from . import pipe_runs as pr
+from . import pipe_scenarios as ps
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    out = run_ranks(ps.run_all, 2, timeout=300)
+    for r in out:
+        for name, v in r.items():
+            assert "crashed" not in v, f"{name}:\n{v['crashed']}"
+    assert set(out[0]) == set(ps.SCENARIOS)
+    return out
+
+
+def close(a: list[float], b: list[float], tol: float = 1e-5) -> None:
+    torch.testing.assert_close(torch.tensor(a), torch.tensor(b), rtol=tol, atol=tol)
+
+
+def test_eval_batch_matches_the_trained_reference(runs: list[dict]) -> None:
+    ref = pr.reference(2, 2, 1)
+    model = ref["model"].eval()
+    data = pr.batches(99, 0, 3)
+    with torch.no_grad():
+        per_mb = [float(pr.lm_loss(model(ids), labels)) for ids, labels in data]
+    for r in runs:
+        close(r["eval"]["losses"], ref["losses"])
+        close([r["eval"]["eval"]], [sum(per_mb) / 3])
+        close([r["eval"]["eval2"]], [sum(per_mb[:2]) / 2])  # gas micro-batches by default
+    assert runs[0]["eval"]["logits"] is None  # logits live on the last stage
+    assert runs[1]["eval"]["logits"] == [pr.MICRO, pr.SEQ, pr.VOCAB]
+
+
+def test_activation_checkpointing_changes_nothing(runs: list[dict]) -> None:
+    ref = pr.reference(3, 2, 1)
+    for r in runs:
+        close(r["checkpointed"]["losses"], ref["losses"])
+
+
+def test_fp16_tracks_the_fp32_reference(runs: list[dict]) -> None:
+    ref = pr.reference(3, 2, 1)
+    for r in runs:
+        assert r["fp16"]["skipped"] == 0
+        close(r["fp16"]["losses"], ref["losses"], tol=2e-2)
+
+
+def test_fp16_stages_skip_and_scale_together(runs: list[dict]) -> None:
+    a, b = runs[0]["fp16_overflow"], runs[1]["fp16_overflow"]
+    assert a["skipped"] == b["skipped"] >= 1  # 2**30 overflows on the last stage: all skip
+    assert a["scale"] == b["scale"] < 2.0**30
+    assert a["losses"] == b["losses"]
+
+
+def test_config_key_cuts_a_sequential_passing_int_masks(runs: list[dict]) -> None:
+    ref = ps.sequential_reference(3, 2)
+    for r in runs:
+        assert len(r["config_key"]["parts"]) == 3
+        close(r["config_key"]["losses"], ref)
+
+
+def test_dynamic_shapes(runs: list[dict]) -> None:
+    ref = pr.reference(3, 2, 1, data=lambda step, d, gas: ps._ragged(step, gas))
+    for r in runs:
+        close(r["dynamic"]["losses"], ref["losses"])
+
+
+def test_shape_change_fails_on_both_stages(runs: list[dict]) -> None:
+    sender, receiver = runs[0]["shape_change"], runs[1]["shape_change"]
+    assert sender["error"] == "ValueError"
+    assert "changed shape mid-run" in sender["message"]
+    assert "dynamic_shape=True" in sender["message"]
+    assert receiver["error"] == "PipeAborted"
+
+
+def test_missing_data_iterator_fails_everywhere_before_any_p2p(runs: list[dict]) -> None:
+    for r in runs:
+        assert r["missing_iterator"]["error"] == "PipelineError"
+        assert "rank(s) [1]" in r["missing_iterator"]["message"]
+
+
+def test_missing_loss_fn(runs: list[dict]) -> None:
+    last, first = runs[1]["missing_loss_fn"], runs[0]["missing_loss_fn"]
+    assert last["error"] == "ValueError" and "loss_fn=" in last["message"]
+    assert first["error"] == "PipeAborted"
