@@ -1,0 +1,99 @@
+"""The schedules as instruction streams, checked by simulating every stage in one process:
+blocking receives, non-blocking sends. Every micro-batch is forwarded and backwarded once per
+stage, in order; no stream deadlocks; in-flight activations stay within the buffers."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from deepspeed_ext.runtime.pipe import schedule as sch
+
+
+def simulate(make: type, m: int, p: int) -> list[list[tuple[str, int]]]:
+    """Run all stages' streams; returns each stage's (kind, micro-batch) compute order."""
+    streams = [[c for step in make(m, p, s).steps() for c in step] for s in range(p)]
+    pc = [0] * p
+    links: dict[tuple[str, int], deque[int]] = {}  # (kind, receiving stage) -> micro-batches
+    fwd = [0] * p
+    bwd = [0] * p
+    done: list[list[tuple[str, int]]] = [[] for _ in range(p)]
+    live = [0] * p  # activations held (forwarded, not yet backwarded)
+    while any(pc[s] < len(streams[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            while pc[s] < len(streams[s]):
+                cmd = streams[s][pc[s]]
+                if isinstance(cmd, sch.RecvActivation):
+                    q = links.setdefault(("act", s), deque())
+                    if not q:
+                        break
+                    assert q.popleft() == fwd[s]
+                elif isinstance(cmd, sch.RecvGrad):
+                    q = links.setdefault(("grad", s), deque())
+                    if not q:
+                        break
+                    assert q.popleft() == bwd[s]
+                elif isinstance(cmd, sch.ForwardPass):
+                    done[s].append(("F", fwd[s]))
+                    assert cmd.buffer_id == fwd[s] % make(m, p, s).num_pipe_buffers()
+                    fwd[s] += 1
+                    live[s] += 1
+                    assert (
+                        live[s] <= make(m, p, s).num_pipe_buffers() or make is sch.InferenceSchedule
+                    )
+                    if make is sch.InferenceSchedule:
+                        live[s] -= 1
+                elif isinstance(cmd, sch.SendActivation):
+                    links.setdefault(("act", s + 1), deque()).append(fwd[s] - 1)
+                elif isinstance(cmd, sch.BackwardPass):
+                    done[s].append(("B", bwd[s]))
+                    bwd[s] += 1
+                    live[s] -= 1
+                elif isinstance(cmd, sch.SendGrad):
+                    links.setdefault(("grad", s - 1), deque()).append(bwd[s] - 1)
+                pc[s] += 1
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"deadlock: m={m} p={p} at {pc}")
+    return done
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16])
+def test_train_schedule_runs_every_micro_batch_once_without_deadlock(m: int, p: int) -> None:
+    done = simulate(sch.TrainSchedule, m, p)
+    for s in range(p):
+        assert [i for k, i in done[s] if k == "F"] == list(range(m))
+        assert [i for k, i in done[s] if k == "B"] == list(range(m))
+        warmup = min(p - s - 1, m)
+        assert [k for k, _ in done[s][:warmup]] == ["F"] * warmup  # then 1F1B
+        last = list(sch.TrainSchedule(m, p, s).steps())[-1]
+        assert last == [sch.ReduceTiedGrads(), sch.ReduceGrads(), sch.OptimizerStep()]
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_inference_schedule(m: int, p: int) -> None:
+    done = simulate(sch.InferenceSchedule, m, p)
+    for s in range(p):
+        assert done[s] == [("F", i) for i in range(m)]
+
+
+def test_first_and_last_stages_load_data_middle_stages_do_not() -> None:
+    def loads(s: int) -> int:
+        return sum(
+            isinstance(c, sch.LoadMicroBatch)
+            for step in sch.TrainSchedule(4, 3, s).steps()
+            for c in step
+        )
+
+    assert [loads(s) for s in range(3)] == [4, 0, 4]
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="micro_batches=0"):
+        sch.TrainSchedule(0, 2, 0)
+    with pytest.raises(ValueError, match="stage_id=2"):
+        sch.TrainSchedule(4, 2, 2)
