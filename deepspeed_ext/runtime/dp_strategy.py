@@ -11,6 +11,7 @@ import torch
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.module_state import load_module_state, module_state
+from deepspeed_ext.zero.named_state import NamedState, is_per_element, missing_names
 from deepspeed_ext.zero.norms import sum_of_squares
 from deepspeed_ext.zero.protocol import RankFiles, StrategyContext
 
@@ -131,3 +132,30 @@ class DataParallelStrategy:
 
     def sync_masters_from_model(self) -> None:
         self.masters.copy_from_model()
+
+    def param_names(self) -> list[list[str]]:
+        """The names of each optimizer group's params (names the saved optimizer state)."""
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        return [[names[id(p)] for p in g["params"]] for g in self.model_groups]
+
+    @torch.no_grad()
+    def load_named_state(self, optimizer: Any, named: NamedState, where: Any) -> None:
+        """[Note: named optimizer state]: this stage's params, whatever layout saved them."""
+        current = optimizer.state_dict()
+        state: dict[int, dict[str, Any]] = {}
+        groups = []
+        for cg, mg, pnames in zip(current["param_groups"], self.model_groups, self.param_names()):
+            missing_names(named, pnames, where)
+            for pid, n, p in zip(cg["params"], pnames, mg["params"]):
+                state[pid] = {
+                    k: v.reshape(p.shape).clone() if is_per_element(k, v, p.numel()) else v
+                    for k, v in named.state[n].items()
+                }
+            groups.append({**named.options[pnames[0]], "params": cg["params"]})
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+        if self.masters.is_copy:
+            names = [n for n, _ in self.module.named_parameters()]
+            for m, n in zip(self.masters.masters, names):
+                if n in named.masters:
+                    m.copy_(named.masters[n].view_as(m))
+            self.masters.copy_to_model()

@@ -361,6 +361,18 @@ class DeepSpeedEngine(torch.nn.Module):
             load_module_only,
         )
 
+    # hooks the pipeline engine overrides (runtime/checkpoint/engine_io.py calls them)
+    def _checkpoint_extras(self, tmp: Any, exclude_frozen: bool) -> dict[str, Any]:
+        """More keys for the model-states file (written by data-parallel rank 0)."""
+        return {}
+
+    def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
+        """The model-states file to load, as the strategy reads it."""
+        return ckpt.load_state_file(path)
+
+    def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
+        self.strategy.load_optimizer_state(self.optimizer, state, files)
+
     def save_16bit_model(
         self,
         save_dir: Any,

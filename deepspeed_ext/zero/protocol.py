@@ -22,11 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from deepspeed_ext.comm import AxisGroup
+
+if TYPE_CHECKING:
+    from .named_state import NamedState
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,5 @@ class GradientStrategy(Protocol):
     def load_optimizer_state(
         self, optimizer: Any, state: dict[str, Any], files: RankFiles
     ) -> None: ...
+    # optimizer state by parameter name, from any layout ([Note: named optimizer state])
+    def load_named_state(self, optimizer: Any, named: NamedState, where: Any) -> None: ...

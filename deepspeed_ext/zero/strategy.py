@@ -14,9 +14,11 @@ from deepspeed_ext.comm import all_gather_bucket, sum_over
 from . import checkpoint
 from .layout import GroupLayout, plan_group
 from .module_state import load_module_state, module_state
+from .named_state import NamedState, is_per_element, missing_names
 from .norms import sum_of_squares
 from .protocol import RankFiles, StrategyContext
 from .reducer import ShardedReducer
+from .reshard import chunks_for
 from .sharded_group import ShardedGroup
 
 
@@ -171,6 +173,32 @@ class ZeroStrategy:
                 continue
             for b, m in enumerate(grp.masters):
                 m.copy_(grp.own_chunk(b))
+
+    @torch.no_grad()
+    def load_named_state(self, optimizer: Any, named: NamedState, where: Any) -> None:
+        """[Note: named optimizer state]: cut into this rank's chunks of this layout."""
+        current = optimizer.state_dict()
+        state: dict[int, dict[str, Any]] = {}
+        groups, masters = [], []
+        for g, grp in enumerate(self.groups):
+            lay = grp.layout
+            names = [s.name for s in lay.slots]
+            missing_names(named, names, where)
+            own = chunks_for(lay, self.rank, {n: named.masters[n] for n in names})
+            masters.append(torch.cat(own))
+            ids = current["param_groups"][g]["params"]  # one per bucket chunk
+            numel = named.masters[names[0]].numel()
+            for key, value in named.state[names[0]].items():
+                if is_per_element(key, value, numel):
+                    cut = chunks_for(lay, self.rank, {n: named.state[n][key] for n in names})
+                    for pid, c in zip(ids, cut):
+                        state.setdefault(pid, {})[key] = c
+                else:
+                    for pid in ids:
+                        state.setdefault(pid, {})[key] = value
+            groups.append({**named.options[names[0]], "params": ids})
+        optimizer.load_state_dict({"state": state, "param_groups": groups})
+        self.load_master_partitions(masters)
 
     def group_layouts(self) -> list[GroupLayout]:
         return [grp.layout for grp in self.groups]

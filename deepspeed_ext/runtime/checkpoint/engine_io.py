@@ -42,6 +42,7 @@ ENGINE_KEYS = frozenset(
         "zero_stage",
         "zero_layouts",
         "zero3_params",
+        "pipeline",
     }
 )
 
@@ -106,6 +107,8 @@ def save_checkpoint(
             "rng": _rng_state(),
             **client_state,
         }
+        # a pipeline writes its layers to their own files (upstream's layout) and says so
+        state.update(engine._checkpoint_extras(tmp, exclude_frozen_parameters))
         torch.save(state, tmp / layout.model_states_name(mp_rank))
     comm.barrier()
     if comm.get_rank() == 0:
@@ -139,12 +142,12 @@ def load_checkpoint(
             return None, None
     mp_rank = engine.layout.model.rank
     path = load_dir / str(tag) / layout.model_states_name(mp_rank)
-    state = safe_load.load(path)
+    state = engine._checkpoint_state(load_dir / str(tag), path)
     files = _RankFiles(path.parent, mp_rank)
     engine.strategy.load_model_state(state, load_module_strict, files)
     if not load_module_only:
         if load_optimizer_states and engine.optimizer is not None:
-            engine.strategy.load_optimizer_state(engine.optimizer, state, files)
+            engine._load_optimizer_state(state, files)
         if load_lr_scheduler_states and engine.lr_scheduler and state.get("lr_scheduler"):
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if engine.loss_scaler is not None and state.get("loss_scaler"):

@@ -81,6 +81,9 @@ def iter_fp32_params(
     if states.get("zero3_params"):
         yield from _iter_stage3(d, states, exclude_frozen_parameters, progress)
         return
+    if states.get("pipeline"):
+        yield from _iter_pipeline(d, exclude_frozen_parameters)
+        return
     module: dict[str, torch.Tensor] = states["module"]
     layouts = [GroupLayout.from_dict(x) for x in (states.get("zero_layouts") or [])]
     trainable = {s.name for g in layouts for s in g.slots}
@@ -139,6 +142,43 @@ def _iter_stage3(
             yield alias, done[name]
     for name, t in states["module"].items():  # buffers
         yield name, t.float().clone() if t.is_floating_point() else t.clone()
+
+
+def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """A pipeline checkpoint ([Note: pipeline checkpoint]): the layers' files give names and
+    shapes; fp32 masters come from each stage's ZeRO files (or a 16-bit stage-0 model's
+    master_weights; an fp32 stage-0 model's weights are its masters)."""
+    from deepspeed_ext.zero.named_state import from_zero
+
+    seen: set[str] = set()
+    first = _load_mmap(d / layout.model_states_name(0))
+    for k in range(int(first["pipeline"]["num_stages"])):
+        st = _load_mmap(d / layout.model_states_name(k))
+        info = st["pipeline"]
+        if int(st.get("zero_stage") or 0) > 0:
+            masters = from_zero(_StageFiles(d, k)).masters
+        else:
+            masters = st.get("master_weights") or {}
+        frozen = set(st.get("frozen_param_names") or [])
+        for idx, prefix in sorted(info["layer_prefixes"].items(), key=lambda x: int(x[0])):
+            files = sorted(d.glob(f"layer_{int(idx):02d}-*model_states.pt"))
+            for key, t in _load_mmap(files[0]).items():
+                name = prefix + key
+                if name in seen or (exclude_frozen and name in frozen):
+                    continue
+                seen.add(name)
+                value = masters.get(name)
+                value = t if value is None else value.reshape(t.shape)
+                yield name, value.float().clone() if value.is_floating_point() else value.clone()
+
+
+class _StageFiles:
+    def __init__(self, where: Path, mp_rank: int) -> None:
+        self.where = where
+        self.mp_rank = mp_rank
+
+    def read(self, dp_rank: int) -> dict[str, Any]:
+        return _load_mmap(self.where / layout.zero_optim_states_name(dp_rank, self.mp_rank))
 
 
 def get_fp32_state_dict_from_zero_checkpoint(

@@ -22,6 +22,7 @@ from deepspeed_ext.zero.norms import sum_of_squares
 
 from ..dataloader import RepeatingLoader
 from ..engine import DeepSpeedEngine
+from . import checkpoint as pipe_ckpt
 from . import schedule as sch
 from .checks import check_pipeline_config
 from .module import PipelineModule
@@ -74,6 +75,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._compute_loss = True
         self._return_logits = False
         self.outputs: Any = None
+        self._ckpt_same_layout = True  # set by each load_checkpoint
         self._reset_buffers(0)
 
     # -- construction hooks --
@@ -124,6 +126,16 @@ class PipelineEngine(DeepSpeedEngine):
 
     def set_batch_fn(self, fn: Callable[[Any], Any]) -> None:
         self._batch_fn = fn
+
+    # -- checkpoints ([Note: pipeline checkpoint]) --
+    def _checkpoint_extras(self, tmp: Any, exclude_frozen: bool) -> dict[str, Any]:
+        return pipe_ckpt.extras(self, tmp, exclude_frozen)
+
+    def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
+        return pipe_ckpt.state_for_load(self, ckpt_dir, path)
+
+    def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
+        pipe_ckpt.load_optimizer(self, state, files)
 
     # -- the data-parallel engine's per-micro-batch API is not a pipeline's --
     def forward(self, *args: Any, **kwargs: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from deepspeed_ext.comm import sum_over
+from deepspeed_ext.utils.errors import CheckpointError
 
 from ..backward_end import EndOfBackward
 from ..norms import sum_of_squares
@@ -313,6 +314,11 @@ class Stage3Strategy:
     def grads_of(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
         raise RuntimeError(  # only pipelines ask, and they refuse stage 3 up front
             "stage 3 keeps no per-group gradient storage for pipeline tied weights"
+        )
+
+    def load_named_state(self, optimizer: Any, named: Any, where: Any) -> None:
+        raise CheckpointError(  # only pipelines at another stage count ask; they refuse stage 3
+            f"{where}: stage 3 resumes from its own rank files only"
         )
 
     # -- checkpoints ([Note: stage-3 checkpoint]) --

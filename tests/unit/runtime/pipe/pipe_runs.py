@@ -96,11 +96,19 @@ class Reference(nn.Module):
         return project(self.embed, x) if self.tied_head else x  # type: ignore[arg-type]
 
 
-def reference(steps: int, gas: int, dp: int, tied: bool = True, data: Any = None) -> dict[str, Any]:
-    """data(step, dp_rank, gas) -> micro-batches (default: batches)."""
+def reference(
+    steps: int, gas: int, dp: int, tied: bool = True, data: Any = None, warmup: int = 0
+) -> dict[str, Any]:
+    """data(step, dp_rank, gas) -> micro-batches (default: batches); warmup: WarmupLR steps
+    (the engine's scheduler, itself tested against its formula)."""
     data = data or batches
     model = Reference(tied)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
+    sched = None
+    if warmup:
+        from deepspeed_ext.runtime.lr_schedules import get_lr_scheduler
+
+        sched = get_lr_scheduler("WarmupLR", opt, {"warmup_num_steps": warmup})
     losses = []
     for step in range(steps):
         total = 0.0
@@ -112,6 +120,8 @@ def reference(steps: int, gas: int, dp: int, tied: bool = True, data: Any = None
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
+        if sched is not None:
+            sched.step()
         losses.append(total)
     return {
         "losses": losses,

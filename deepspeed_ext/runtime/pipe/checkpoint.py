@@ -1,0 +1,160 @@
+"""Pipeline checkpoints in upstream's layout, resumable at another number of stages.
+
+[Note: pipeline checkpoint]
+Data-parallel rank 0 of each stage writes one file per layer it owns,
+`layer_XX-model_states.pt` (XX the global layer index; the layer's own state dict; a tied
+module under every layer index that uses it), and `mp_rank_XX_model_states.pt` (XX the
+stage) with module=None, the engine's counters, scheduler and loss scaler, and a `pipeline`
+entry: the stage count, the partition and the names of each optimizer group's params. ZeRO
+rank files are as without a pipeline, one set per stage.
+Loading at the same stage count reads this stage's files (another data-parallel size is
+re-cut as usual). At another stage count each stage assembles its module from the layer
+files of the layers it now owns and its optimizer state by parameter name from every saved
+stage's files ([Note: named optimizer state]); layer names are global, so they do not depend
+on the partition.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+
+from deepspeed_ext.utils.errors import CheckpointError
+from deepspeed_ext.zero.named_state import NamedState, from_stage0, from_zero
+
+from ..checkpoint import clone_tensors_for_torch_save, load_state_file
+from ..checkpoint.layout import model_states_name, zero_optim_states_name
+from .spec import TiedLayerSpec
+
+if TYPE_CHECKING:
+    from .engine import PipelineEngine
+    from .module import PipelineModule
+
+
+def layer_file(module: PipelineModule, idx: int) -> str:
+    rank_repr = module.topology().get_rank_repr(module.global_rank)
+    return f"layer_{idx:02d}" + (f"-{rank_repr}" if rank_repr else "") + "-model_states.pt"
+
+
+def local_layers(module: PipelineModule) -> list[tuple[int, torch.nn.Module, str]]:
+    """(global index, module, its state-dict prefix in the PipelineModule) per local layer
+    that has state."""
+    out = []
+    for local, fn in enumerate(module.forward_funcs):
+        idx = module._local_start + local
+        spec = module._layer_specs[idx]
+        if isinstance(spec, TiedLayerSpec):
+            out.append((idx, module.tied_modules[spec.key], f"tied_modules.{spec.key}."))
+        elif isinstance(fn, torch.nn.Module):
+            out.append((idx, fn, f"{idx}."))
+    return out
+
+
+def _module(engine: PipelineEngine) -> PipelineModule:
+    return cast("PipelineModule", engine.module)
+
+
+def extras(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> dict[str, Any]:
+    module = _module(engine)
+    for idx, layer, _ in local_layers(module):
+        sd = layer.state_dict()
+        if exclude_frozen:
+            frozen = {n for n, p in layer.named_parameters() if not p.requires_grad}
+            sd = {k: v for k, v in sd.items() if k not in frozen}
+        torch.save(clone_tensors_for_torch_save(sd), tmp / layer_file(module, idx))
+    names = getattr(engine.strategy, "param_names", None)
+    return {
+        "module": None,
+        "pipeline": {
+            "num_stages": module.num_stages,
+            "parts": [int(x) for x in module.parts],
+            "param_names": names() if names is not None else None,
+            # global layer index -> its state-dict prefix (zero_to_fp32 names by it)
+            "layer_prefixes": {str(i): prefix for i, _, prefix in local_layers(module)},
+        },
+    }
+
+
+def module_from_layers(module: PipelineModule, ckpt_dir: Path) -> dict[str, torch.Tensor]:
+    """This stage's module state, from the layer files of the layers it owns now."""
+    out: dict[str, torch.Tensor] = {}
+    for idx, _, prefix in local_layers(module):
+        sd = load_state_file(ckpt_dir / layer_file(module, idx))
+        out.update({prefix + k: v for k, v in sd.items()})
+    return out
+
+
+def state_for_load(engine: PipelineEngine, ckpt_dir: Path, path: Path) -> dict[str, Any]:
+    first = load_state_file(ckpt_dir / model_states_name(0))
+    if "pipeline" not in first:
+        raise CheckpointError(
+            f"{ckpt_dir} was not written by a pipeline engine (no per-layer files): load it "
+            "into the model it was saved from, or consolidate it with zero_to_fp32"
+        )
+    same = int(first["pipeline"]["num_stages"]) == engine.num_stages
+    state = load_state_file(path) if same else dict(first)
+    state["module"] = module_from_layers(_module(engine), ckpt_dir)
+    engine._ckpt_same_layout = same
+    return state
+
+
+def load_optimizer(engine: PipelineEngine, state: dict[str, Any], files: Any) -> None:
+    if engine._ckpt_same_layout:
+        engine.strategy.load_optimizer_state(engine.optimizer, state, files)
+        return
+    ckpt_dir = Path(files.where)
+    saved_stages = int(state["pipeline"]["num_stages"])
+    named = NamedState()
+    for k in range(saved_stages):
+        mine = load_state_file(ckpt_dir / model_states_name(k))
+        if int(mine.get("zero_stage") or 0) != engine.zero_optimization_stage():
+            raise CheckpointError(
+                f"{ckpt_dir} was written with zero_optimization.stage {mine.get('zero_stage')} "
+                f"and this run uses {engine.zero_optimization_stage()}: resume with the same "
+                "stage, or pass load_optimizer_states=False"
+            )
+        if int(mine.get("zero_stage") or 0) == 0:
+            weights = _saved_stage_weights(ckpt_dir, mine, _module(engine))
+            named.update(from_stage0(mine, mine["pipeline"]["param_names"], weights))
+        else:
+            named.update(from_zero(_StageFiles(ckpt_dir, k)))
+    engine.strategy.load_named_state(engine.optimizer, named, ckpt_dir)
+
+
+def _saved_stage_weights(
+    ckpt_dir: Path, saved: dict[str, Any], module: PipelineModule
+) -> dict[str, torch.Tensor]:
+    """The weights a saved stage held, by name (the masters of an fp32 model)."""
+    names = [n for group in saved["pipeline"]["param_names"] for n in group]
+    out: dict[str, torch.Tensor] = {}
+    for name in names:
+        head, _, rest = name.partition(".")
+        if head == "tied_modules":
+            key, _, rest = rest.partition(".")
+            idx = _tied_file_index(ckpt_dir, module, key)
+        else:
+            idx = int(head)
+        out[name] = load_state_file(ckpt_dir / layer_file(module, idx))[rest]
+    return out
+
+
+def _tied_file_index(ckpt_dir: Path, module: PipelineModule, key: str) -> int:
+    """Every use of a tied key is saved: the first one's file."""
+    for i, s in enumerate(module._layer_specs):
+        if isinstance(s, TiedLayerSpec) and s.key == key:
+            if (ckpt_dir / layer_file(module, i)).exists():
+                return i
+    raise CheckpointError(f"{ckpt_dir} has no layer file for the tied weights {key!r}")
+
+
+class _StageFiles:
+    """The zero_pp_rank files of saved stage `mp_rank`."""
+
+    def __init__(self, where: Path, mp_rank: int) -> None:
+        self.where = where
+        self.mp_rank = mp_rank
+
+    def read(self, dp_rank: int) -> dict[str, Any]:
+        return load_state_file(self.where / zero_optim_states_name(dp_rank, self.mp_rank))

@@ -1,0 +1,72 @@
+"""Checkpoint runs for the pipeline tests (4 spawned ranks): save from 2 stages x 2 data
+ranks, resume at the same layout and at 4 stages x 1 (the global batch kept the same)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import pipe_runs as pr
+
+GAS = 2
+
+
+def _engine(stages: int, zero: int, gas: int, dtype: str) -> Any:
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    module = PipelineModule(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": pr.MICRO,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": pr.CLIP,
+        "zero_optimization": {"stage": zero},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 3}},
+    }
+    if dtype == "bf16":
+        cfg["bf16"] = {"enabled": True}
+    engine, *_ = initialize(
+        model=module, config=cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=pr.LR)
+    )
+    return engine
+
+
+def _step(engine: Any, step: int) -> float:
+    """One batch: at 2 data ranks each reads its own; at 1, it reads both ranks' batches."""
+    if not engine._needs_data():
+        return float(engine.train_batch(None))
+    if engine.dp_world_size == 2:
+        data = pr.batches(step, engine.dp_rank, GAS)
+    else:
+        data = pr.batches(step, 0, GAS) + pr.batches(step, 1, GAS)
+    return float(engine.train_batch(iter(data)))
+
+
+def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
+    where = Path(root) / f"zero{zero}-{dtype}"
+    first = _engine(2, zero, GAS, dtype)
+    losses = [_step(first, s) for s in range(2)]
+    first.save_checkpoint(where, client_state={"note": "hi"})
+    cont = [_step(first, s) for s in range(2, 4)]
+    same = _engine(2, zero, GAS, dtype)
+    _, client = same.load_checkpoint(where)
+    again = [_step(same, s) for s in range(2, 4)]
+    other = _engine(4, zero, 2 * GAS, dtype)
+    other.load_checkpoint(where)
+    moved = [_step(other, s) for s in range(2, 4)]
+    return {
+        "losses": losses,
+        "continued": cont,
+        "same_layout": again,
+        "four_stages": moved,
+        "client": client,
+        "steps": (same.global_steps, other.global_steps),
+        "files": sorted(p.name for p in (where / "global_step2").iterdir()),
+        "where": str(where / "global_step2"),
+    }
+
+
+def all_cases(root: str, cases: list[tuple[int, str]]) -> list[dict[str, Any]]:
+    return [resume(root, z, d) for z, d in cases]
