@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("zero3_step.py", ["--smoke", "--no-upstream"], "zero3_step_smoke.json"),  # ~45 s
         ("aio.py", ["--smoke", "--dir", "{tmp}"], "aio_smoke.json"),  # ~2 s
         ("exit_soak.py", ["--smoke"], "exit_soak_smoke.json"),  # two 2-rank jobs, ~20 s
+        ("pipeline_step.py", ["--smoke"], "pipeline_step_smoke.json"),  # two 4-rank jobs, ~20 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -77,6 +78,14 @@ def test_bench_smoke(script, args, result, tmp_path):
             if not res["dd_skipped"]:
                 assert res["ours_over_dd"][kind]["ours"] > 0, res["ours_over_dd"]
         assert not list((tmp_path / "io").iterdir())  # the bench file is removed
+    elif result == "pipeline_step_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        for impl in ("ours", "torch"):  # 4 stages, emulated stage compute; upstream skipped
+            entry = data["contenders"][f"{impl} emulated m=4"]
+            assert entry["median_step_s"] > 0, entry
+            assert 0 < entry["bubble"] < 1, entry
+        assert data["ours_speedup"]["emulated m=4 vs torch"] > 0, data["ours_speedup"]
+        assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

@@ -1,0 +1,248 @@
+"""Benchmark worker: one rank of a 4-stage pipeline training job, for bench/pipeline_step.py.
+
+    --impl ours      deepspeed_ext: deepspeed.pipe.PipelineModule + engine.train_batch (1F1B);
+                     started by our launcher (deepspeed --num_gpus 4 ...)
+    --impl upstream  UPSTREAM DeepSpeed 0.19.8, the same PipelineModule code and config (its
+                     venv's python, a cwd outside the repository, DS_ACCELERATOR=cpu)
+    --impl torch     torch.distributed.pipelining: PipelineStage + Schedule1F1B over the same
+                     layers, torch.optim.AdamW; torch.distributed.run
+
+Workload (--mode real): a GPT of --n-layer blocks (examples/gpt.py's Block), token and
+position embeddings as layer 0 and final norm + untied head as the last layer, cut into 4
+stages by layer count ("uniform": every impl gets the same cut); micro-batch --micro-batch
+sequences of --seq tokens, --micro-batches per step, fp32, AdamW lr 1e-3. --mode emulated:
+each stage is one layer whose forward sleeps --emulate-ms and whose backward sleeps twice
+that (compute of fixed duration that does not compete for the 2 cores), so the measured
+bubble is the schedule's own: 1 - m*(F+B)/step_time.
+Rank 0 times --steps steps after --warmup, between barriers, and prints RESULT_TAG + JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULT_TAG = "PIPELINE_STEP_RESULT "
+GPT_FILE = Path(__file__).resolve().parents[2] / "examples" / "gpt.py"
+STAGES = 4
+
+
+def _parse() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--impl", choices=("ours", "upstream", "torch"), required=True)
+    ap.add_argument("--mode", choices=("real", "emulated"), default="real")
+    ap.add_argument("--micro-batches", type=int, default=8)
+    ap.add_argument("--micro-batch", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--n-layer", type=int, default=10)
+    ap.add_argument("--d-model", type=int, default=384)
+    ap.add_argument("--n-head", type=int, default=6)
+    ap.add_argument("--seq", type=int, default=32)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--emulate-ms", type=float, default=20.0)
+    ap.add_argument("--run-id", default="")
+    ap.add_argument("--local_rank", type=int, default=0)
+    return ap.parse_args()
+
+
+def _isolate_from_repo() -> None:
+    """Upstream only: drop sys.path entries outside the venv (the repo's `deepspeed`)."""
+    roots = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
+
+    def inside(p: str) -> bool:
+        rp = os.path.realpath(p or os.getcwd())
+        return any(rp == r or rp.startswith(r + os.sep) for r in roots)
+
+    sys.path[:] = [p for p in sys.path if inside(p)]
+
+
+def _layers(args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """The layer list and the loss function (module-level classes: every impl builds them)."""
+    import torch
+    from torch import nn
+
+    if args.mode == "emulated":
+        sleep = args.emulate_ms / 1000.0
+
+        class SpinFn(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, x: Any, w: Any) -> Any:
+                time.sleep(sleep)
+                ctx.save_for_backward(x, w)
+                return x * w
+
+            @staticmethod
+            def backward(ctx: Any, g: Any) -> Any:
+                time.sleep(2 * sleep)
+                x, w = ctx.saved_tensors
+                return g * w, (g * x).sum(0)
+
+        class Spin(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.w = nn.Parameter(torch.ones(args.d_model))
+
+            def forward(self, x: Any) -> Any:
+                return SpinFn.apply(x, self.w)
+
+        return [Spin() for _ in range(STAGES)], lambda out, y: (out.float() ** 2).mean()
+
+    spec = importlib.util.spec_from_file_location("pipeline_step_gpt", GPT_FILE)
+    assert spec is not None and spec.loader is not None
+    gpt = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gpt
+    spec.loader.exec_module(gpt)
+    cfg = gpt.GPTConfig(
+        vocab_size=args.vocab,
+        seq_len=args.seq,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        d_model=args.d_model,
+    )
+
+    class Embed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+
+        def forward(self, idx: Any) -> Any:
+            return self.tok(idx) + self.pos(torch.arange(idx.shape[1]))
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln = nn.LayerNorm(cfg.d_model)
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+        def forward(self, x: Any) -> Any:
+            return self.head(self.ln(x))
+
+    torch.manual_seed(0)
+    layers = [Embed(), *[gpt.Block(cfg) for _ in range(cfg.n_layer)], Head()]
+
+    def loss_fn(logits: Any, y: Any) -> Any:
+        return nn.functional.cross_entropy(logits.reshape(-1, cfg.vocab_size), y.reshape(-1))
+
+    return layers, loss_fn
+
+
+def _batches(args: argparse.Namespace) -> list[list[tuple[Any, Any]]]:
+    import torch
+
+    out = []
+    for s in range(args.warmup + args.steps):
+        g = torch.Generator().manual_seed(s)
+        mbs = []
+        for _ in range(args.micro_batches):
+            if args.mode == "emulated":
+                x = torch.randn(args.micro_batch, args.d_model, generator=g)
+                mbs.append((x, x))
+            else:
+                tok = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=g)
+                mbs.append((tok[:, :-1].contiguous(), tok[:, 1:].contiguous()))
+        out.append(mbs)
+    return out
+
+
+def _ds_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> Any:
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    module = PipelineModule(layers, num_stages=STAGES, loss_fn=loss_fn, partition_method="uniform")
+    config = {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": args.micro_batches,
+        "steps_per_print": 10**9,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+    }
+    engine, *_ = deepspeed.initialize(model=module, config=config)
+
+    def step(mbs: list[Any]) -> float:
+        return float(engine.train_batch(iter(mbs)))
+
+    return step
+
+
+def _torch_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> Any:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    n = len(layers)
+    chunk, extra = divmod(n, STAGES)  # the "uniform" cut of the deepspeed impls
+    bounds = [0]
+    for s in range(STAGES):
+        bounds.append(bounds[-1] + chunk + (1 if s < extra else 0))
+    stage_mod = torch.nn.Sequential(*layers[bounds[rank] : bounds[rank + 1]])
+    stage = PipelineStage(stage_mod, rank, STAGES, torch.device("cpu"))
+    sched = Schedule1F1B(stage, n_microbatches=args.micro_batches, loss_fn=loss_fn)
+    opt = torch.optim.AdamW(stage_mod.parameters(), lr=1e-3)
+
+    def step(mbs: list[Any]) -> float:
+        x = torch.cat([a for a, _ in mbs])
+        y = torch.cat([b for _, b in mbs])
+        losses: list[Any] = []
+        if rank == 0:
+            sched.step(x)
+        elif rank == STAGES - 1:
+            sched.step(target=y, losses=losses)
+        else:
+            sched.step()
+        opt.step()
+        opt.zero_grad()
+        return float(torch.stack(losses).detach().mean()) if losses else 0.0
+
+    return step
+
+
+def main() -> int:
+    args = _parse()
+    if args.impl == "upstream":
+        _isolate_from_repo()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    layers, loss_fn = _layers(args)
+    params = sum(p.numel() for layer in layers for p in layer.parameters())
+    data = _batches(args)
+    step = (_torch_step if args.impl == "torch" else _ds_step)(args, layers, loss_fn)
+    for mbs in data[: args.warmup]:
+        step(mbs)
+    dist.barrier()
+    t0 = time.perf_counter()
+    loss = 0.0
+    for mbs in data[args.warmup :]:
+        loss = step(mbs)
+    dist.barrier()
+    dt = (time.perf_counter() - t0) / args.steps
+    if dist.get_rank() == 0:
+        result = {
+            "impl": args.impl,
+            "mode": args.mode,
+            "micro_batches": args.micro_batches,
+            "params": params,
+            "step_s": dt,
+            "steps_per_s": 1.0 / dt,
+            "last_loss_rank0": loss,
+            "threads": torch.get_num_threads(),
+        }
+        print(RESULT_TAG + json.dumps(result), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Benchmark: pipeline-parallel training steps/s of our 1F1B PipelineEngine against upstream
+DeepSpeed 0.19.8's PipelineEngine and torch.distributed.pipelining's Schedule1F1B, 4 CPU
+ranks = 4 stages, and the measured pipeline bubble against (p-1)/(m+p-1).
+
+Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per round):
+  real      a GPT of 10 blocks, d_model 384, 6 heads, seq 32, vocab 8192 (24.0M params),
+            embeddings as layer 0, norm + untied head as the last, cut by layer count into
+            4 stages; micro-batch 1; fp32; AdamW lr 1e-3 (ours: our CPU AdamW from the
+            config; upstream: its optimizer for the config's AdamW; torch: torch.optim.AdamW)
+  emulated  each stage one layer that sleeps F = 20 ms forward and B = 40 ms backward:
+            fixed-time compute that does not compete for the 2 cores, so the bubble is the
+            schedule's: 1 - m*(F+B)/step_time (the optimizer step on 384 params is ~0)
+for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2
+cores in the real workload: its absolute times say little, its ratios compare schedules and
+engines under the same contention). Contenders alternate over --rounds rounds; medians.
+
+    python bench/pipeline_step.py            # full run -> bench/results/pipeline_step.json
+    python bench/pipeline_step.py --smoke    # emulated m=4 only, one round, no upstream
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from common import busy_warning, machine_info, median, print_table
+from ddp_step import Contender, finish, reap, run_rounds
+
+WORKER = Path(__file__).resolve().parent / "peers" / "pipeline_step_worker.py"
+STAGES = 4
+F_MS = 20.0
+TARGETS = {"vs_upstream": 1.2, "vs_torch": 1.0, "bubble_within": 0.10}
+
+
+class PipeContender(Contender):
+    worker = WORKER
+    result_tag = "PIPELINE_STEP_RESULT "
+    torchrun_impls = ("torch",)
+
+    def __init__(self, impl: str, mode: str, m: int, args: Any, run_id: str) -> None:
+        super().__init__(impl, f"{mode} m={m}", args, run_id)
+        self.mode, self.m = mode, m
+
+    def worker_args(self) -> list[str]:
+        a = self.args
+        return [
+            str(self.worker),
+            *("--impl", self.impl, "--mode", self.mode, "--micro-batches", str(self.m)),
+            *("--steps", str(a.steps), "--warmup", str(a.warmup), "--run-id", self.run_id),
+            *("--emulate-ms", str(F_MS)),
+        ]
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-upstream", action="store_true")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--job-timeout", type=float, default=300.0)
+    args = ap.parse_args()
+    args.ranks = STAGES
+    args.modes = ("real", "emulated")
+    args.ms = (4, 8, 16)
+    if args.smoke:
+        args.rounds, args.steps, args.modes, args.ms = 1, 2, ("emulated",), (4,)
+        args.no_upstream = True
+    return args
+
+
+def bubble_formula(m: int, p: int = STAGES) -> float:
+    return (p - 1) / (m + p - 1)
+
+
+def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
+    per: dict[str, Any] = {}
+    for name, c in contenders.items():
+        e: dict[str, Any] = {"impl": c.impl, "mode": c.mode, "m": c.m, "skipped": c.skipped}
+        e |= {"jobs": c.jobs, "raw": c.results}
+        e["step_s_per_round"] = [r["step_s"] for r in c.results]
+        if c.results and not c.skipped:
+            e["median_step_s"] = median(e["step_s_per_round"])
+            if c.mode == "emulated":
+                ideal = c.m * 3 * F_MS / 1000.0
+                e["bubble"] = 1.0 - ideal / e["median_step_s"]
+                e["bubble_formula"] = bubble_formula(c.m)
+        per[name] = e
+    ratios: dict[str, Any] = {}
+    for name, e in per.items():
+        if e["impl"] != "ours" or "median_step_s" not in e:
+            continue
+        for peer in ("upstream", "torch"):
+            other = per.get(name.replace("ours", peer, 1), {})
+            if "median_step_s" in other:
+                ratios[f"{e['mode']} m={e['m']} vs {peer}"] = (
+                    other["median_step_s"] / e["median_step_s"]
+                )
+    return {"contenders": per, "ours_speedup": ratios}
+
+
+def report(summary: dict[str, Any]) -> None:
+    print("\n== pipeline_step: 4 stages x 1 data rank, CPU gloo, medians over rounds ==")
+    rows = []
+    for name, e in summary["contenders"].items():
+        if "median_step_s" not in e:
+            rows.append([name, "skipped" if e["skipped"] else "failed", "", "", ""])
+            continue
+        bub = f"{e['bubble']:.3f} ({e['bubble_formula']:.3f})" if "bubble" in e else ""
+        speed = ""
+        if e["impl"] == "ours":
+            r = summary["ours_speedup"]
+            key = f"{e['mode']} m={e['m']}"
+            speed = " ".join(
+                f"{peer} {r[f'{key} vs {peer}']:.2f}x"
+                for peer in ("upstream", "torch")
+                if f"{key} vs {peer}" in r
+            )
+        rows.append([name, f"{e['median_step_s'] * 1000:.0f}", bub, speed, len(e["raw"])])
+    print_table(["contender", "step ms", "bubble (formula)", "ours faster than", "rounds"], rows)
+
+
+def main() -> int:
+    args = parse_args()
+    t0 = time.perf_counter()
+    run_id = f"pipeline_step_{uuid.uuid4().hex[:8]}"
+    contenders = {
+        f"{impl} {mode} m={m}": PipeContender(impl, mode, m, args, run_id)
+        for mode in args.modes
+        for m in args.ms
+        for impl in ("ours", "upstream", "torch")
+    }
+    busy = busy_warning()
+    run_rounds(contenders, args.rounds, dict, t0)
+    summary = summarize(contenders)
+    report(summary)
+    payload = {
+        "benchmark": "pipeline_step",
+        "targets": TARGETS,
+        "machine": machine_info(),
+        "args": {k: v for k, v in vars(args).items()},
+        "emulated_forward_ms": F_MS,
+        "emulated_backward_ms": 2 * F_MS,
+        **summary,
+        "busy_warning": busy,
+        "leftover_pids_killed_at_end": reap(run_id),
+        "wall_s": time.perf_counter() - t0,
+    }
+    return finish("pipeline_step", payload, contenders, args.smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
