@@ -33,7 +33,7 @@ from .layout import (
     layout_from_topology,
     world_layout,
 )
-from .sharded import all_gather_bucket, reduce_scatter_bucket, sum_over
+from .sharded import all_gather_bucket, reduce_scatter_bucket, sum_over, sums_over
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
@@ -53,6 +53,7 @@ __all__ = [
     "all_gather",
     "all_gather_bucket",
     "sum_over",
+    "sums_over",
     "reduce_scatter_bucket",
     "all_gather_object",
     "all_reduce",

@@ -2,21 +2,24 @@
 
 [Note: pipeline p2p]
 A PipeChannel is one direction between two ranks (activations go down the pipe, gradients
-come back up). What travels is a tuple of tensors. The shapes, dtypes and requires_grad flags
-are sent once (the "meta"); after that each message is a one-word header and the tensors
-themselves, received into buffers that are reused between micro-batches. The header is what
-keeps a failing pipeline from hanging:
+come back up). What travels is a tuple of tensors. Their shapes, dtypes and requires_grad
+flags (the "meta") are sent once; after that each transfer is ONE message, a packet: a
+16-byte header then every tensor's bytes (16-byte aligned), received into a per-slot buffer
+that is reused between micro-batches (the tensors handed out are views into it). The
+header's code is what keeps a failing pipeline from hanging:
   OK    the tensors follow, in the negotiated meta;
-  META  a new meta follows, then the tensors (dynamic shapes, or the first message);
+  META  the meta changed (dynamic shapes): the new meta and then a new packet follow;
   ABORT the sender failed: the receiver raises (and aborts onwards), instead of waiting for
         tensors that never come.
-Sends are non-blocking (the receiver posts its receives in schedule order, so a schedule
-that is valid when simulated in one process cannot deadlock); each send's tensors are kept
-alive until its work completes.
+Before the first packet the receiver knows no size, so the first message (and an abort that
+comes before any packet) is a 2-word hello [code, meta length]. Sends are non-blocking (the
+receiver posts its receives in schedule order, so a schedule that is valid when simulated in
+one process cannot deadlock); each send's buffer is kept alive until its work completes.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Any
 
@@ -71,12 +74,34 @@ def describe(meta: Meta) -> str:
     return ", ".join(f"{str(d).replace('torch.', '')}{list(s)}" for d, _, s in meta)
 
 
+_HEAD = 16  # bytes: [code, meta length] as int64
+
+
+def _layout(meta: Meta) -> tuple[list[int], int]:
+    """Byte offsets of each tensor in a packet, and the packet's size."""
+    offsets, off = [], _HEAD
+    for d, _, shape in meta:
+        offsets.append(off)
+        n = math.prod(shape) * torch.tensor([], dtype=d).element_size()
+        off += (n + 15) // 16 * 16
+    return offsets, off
+
+
+def _views(buf: torch.Tensor, meta: Meta) -> tuple[torch.Tensor, ...]:
+    offsets, _ = _layout(meta)
+    out = []
+    for off, (d, _, shape) in zip(offsets, meta):
+        n = math.prod(shape) * torch.tensor([], dtype=d).element_size()
+        out.append(buf[off : off + n].view(d).view(shape))
+    return tuple(out)
+
+
 class PipeChannel:
     """One direction between this rank and `peer` (a global rank). `what` names the traffic
     in messages ("activations from stage 1")."""
 
     def __init__(
-        self, peer: int, what: str, dynamic: bool = False, tag: int = 0, max_pending: int = 8
+        self, peer: int, what: str, dynamic: bool = False, tag: int = 0, max_pending: int = 64
     ) -> None:
         self.peer = peer
         self.tag = tag  # per engine: a message left over from a failed run never matches
@@ -85,8 +110,8 @@ class PipeChannel:
         self.max_pending = max_pending
         self.sent_meta: Meta | None = None
         self.recv_meta: Meta | None = None
-        self._buffers: dict[int, tuple[torch.Tensor, ...]] = {}
-        self._pending: deque[tuple[Any, tuple[torch.Tensor, ...]]] = deque()
+        self._slots: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
+        self._pending: deque[tuple[Any, torch.Tensor]] = deque()
         self.aborted = False
 
     # -- sending --
@@ -100,9 +125,7 @@ class PipeChannel:
             if t.dtype not in _CODE:
                 raise TypeError(f"{self.what}: dtype {t.dtype} cannot be sent between stages")
         meta = meta_of(tensors)
-        if meta == self.sent_meta:
-            self._post(torch.tensor([_OK, 0], dtype=torch.int64))
-        else:
+        if meta != self.sent_meta:
             if (
                 self.sent_meta is not None
                 and not self.dynamic
@@ -115,16 +138,30 @@ class PipeChannel:
                     "pass dynamic_shape=True to PipelineModule to renegotiate them per message"
                 )
             words = _encode(meta)
-            self._post(torch.tensor([_META, words.numel()], dtype=torch.int64))
+            if self.sent_meta is None:
+                self._post(torch.tensor([_META, words.numel()], dtype=torch.int64))
+            else:  # announced in a packet of the size the receiver expects
+                self._post(self._packet(self.sent_meta, _META, words.numel()))
             self._post(words)
             self.sent_meta = meta
-        for t in tensors:
-            self._post(t.detach().contiguous())
+        packet = self._packet(meta, _OK, 0)
+        for view, t in zip(_views(packet, meta), tensors):
+            view.copy_(t.detach())
+        self._post(packet)
+
+    @staticmethod
+    def _packet(meta: Meta, code: int, n: int) -> torch.Tensor:
+        buf = torch.empty(_layout(meta)[1], dtype=torch.uint8)
+        head = buf[:_HEAD].view(torch.int64)
+        head[0], head[1] = code, n
+        return buf
 
     def _post(self, t: torch.Tensor) -> None:
         work = dist.isend(t, self.peer, tag=self.tag)
-        self._pending.append((work, (t,)))
-        while len(self._pending) > self.max_pending:
+        self._pending.append((work, t))
+        while self._pending and self._pending[0][0].is_completed():
+            self._pending.popleft()  # its buffer may go
+        while len(self._pending) > self.max_pending:  # bound the memory of a fast sender
             w, _ = self._pending.popleft()
             w.wait()
 
@@ -138,7 +175,10 @@ class PipeChannel:
         if self.aborted:
             return
         self.aborted = True
-        word = torch.tensor([_ABORT, 0], dtype=torch.int64)
+        if self.sent_meta is None:
+            word = torch.tensor([_ABORT, 0], dtype=torch.int64)
+        else:
+            word = self._packet(self.sent_meta, _ABORT, 0)
         try:
             work = dist.isend(word, self.peer, tag=self.tag)
         except Exception:  # noqa: BLE001 - the peer may be gone already
@@ -148,27 +188,39 @@ class PipeChannel:
 
     # -- receiving --
     def recv(self, slot: int = 0) -> tuple[torch.Tensor, ...]:
-        """The next message's tensors, in this slot's reused buffers (a slot's tensors stay
-        valid until the same slot receives again)."""
-        head = torch.empty(2, dtype=torch.int64)  # [code, meta length]
-        dist.recv(head, self.peer, tag=self.tag)
-        code, n = int(head[0]), int(head[1])
+        """The next message's tensors: views into this slot's reused buffer (valid until the
+        same slot receives again)."""
+        if self.recv_meta is None:  # the hello: [code, meta length]
+            head = torch.empty(2, dtype=torch.int64)
+            dist.recv(head, self.peer, tag=self.tag)
+            code, n = int(head[0]), int(head[1])
+        else:
+            buf, views = self._slot(slot)
+            dist.recv(buf, self.peer, tag=self.tag)
+            head = buf[:_HEAD].view(torch.int64)
+            code, n = int(head[0]), int(head[1])
+            if code == _OK:
+                return views
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
-        if code == _META:
-            words = torch.empty(n, dtype=torch.int64)
-            dist.recv(words, self.peer, tag=self.tag)
-            self.recv_meta = _decode(words.tolist())
-            self._buffers.clear()
-        if self.recv_meta is None:
-            raise RuntimeError(f"{self.what}: tensors arrived before their shapes")
-        bufs = self._buffers.get(slot)
-        if bufs is None:
-            bufs = tuple(torch.empty(s, dtype=d) for d, _, s in self.recv_meta)
-            self._buffers[slot] = bufs
-        for b in bufs:
-            dist.recv(b, self.peer, tag=self.tag)
-        return bufs
+        if code != _META:
+            raise RuntimeError(f"{self.what}: unknown message code {code} from rank {self.peer}")
+        words = torch.empty(n, dtype=torch.int64)
+        dist.recv(words, self.peer, tag=self.tag)
+        self.recv_meta = _decode(words.tolist())
+        self._slots.clear()
+        buf, views = self._slot(slot)
+        dist.recv(buf, self.peer, tag=self.tag)
+        if int(buf[:_HEAD].view(torch.int64)[0]) == _ABORT:
+            raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
+        return views
+
+    def _slot(self, slot: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        assert self.recv_meta is not None
+        if slot not in self._slots:
+            buf = torch.empty(_layout(self.recv_meta)[1], dtype=torch.uint8)
+            self._slots[slot] = (buf, _views(buf, self.recv_meta))
+        return self._slots[slot]
 
 
 def _shapes(meta: Meta) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:

@@ -89,6 +89,16 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
     return _ALL_GATHER(bucket, chunk, group=pg, async_op=True)
 
 
+def sums_over(values: list[float], group: Any = None) -> list[float]:
+    """Element-wise sums of floats over the group's ranks, in one collective."""
+    pg, size = resolve(group)
+    if size == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=pg)
+    return [float(x) for x in t]
+
+
 def sum_over(value: float, group: Any = None) -> float:
     """The sum of a float over the group's ranks (float64; itself over one rank)."""
     pg, size = resolve(group)

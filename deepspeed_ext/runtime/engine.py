@@ -25,7 +25,7 @@ from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 from . import checkpoint as ckpt
 from .dataloader import DeepSpeedDataLoader, batch_tokens
 from .lr_schedules import get_lr_scheduler
-from .optimizer_step import optimizer_step
+from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
 from .precision import make_loss_scaler
 from .strategy_factory import make_strategy, reduce_bucket_numel
@@ -249,7 +249,9 @@ class DeepSpeedEngine(torch.nn.Module):
         self.global_samples += self._micro_batch_size * self.dp_world_size
         self._boundary_override = None
 
-    def _model_step(self, lr_kwargs: dict[str, Any], replicated_sq: float = 0.0) -> None:
+    def _model_step(
+        self, lr_kwargs: dict[str, Any], replicated_sq: float = 0.0, pipe_extra: float = 0.0
+    ) -> StepOutcome:
         """[Note: optimizer step]: shared with the pipeline engine."""
         scale = self.loss_scaler.loss_scale if self.loss_scaler else None
         out = optimizer_step(
@@ -261,6 +263,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self.layout.pipe,
             lr_kwargs,
             replicated_sq,
+            pipe_extra,
         )
         self.overflow = out.overflow
         if self.optimizer is not None:  # upstream's optimizers carry it; the HF Trainer reads it
@@ -274,6 +277,7 @@ class DeepSpeedEngine(torch.nn.Module):
         else:
             self._global_grad_norm = out.norm
         self.global_steps += 1
+        return out
 
     def is_gradient_accumulation_boundary(self) -> bool:
         if self._boundary_override is not None:

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from deepspeed_ext.comm import AxisGroup, sum_over
+from deepspeed_ext.comm import AxisGroup, sums_over
 from deepspeed_ext.zero.protocol import GradientStrategy
 
 from .grad_clip import clip_factor
@@ -28,16 +28,22 @@ from .grad_clip import clip_factor
 class StepOutcome:
     norm: float  # the unscaled global gradient norm (inf/nan on overflow)
     overflow: bool  # fp16 overflow: the step was skipped
+    pipe_sum: float = 0.0  # the sum over the pipe group of the caller's `pipe_extra`
 
 
 def global_grad_norm(
-    strategy: GradientStrategy, pipe: AxisGroup, inv_scale: float, replicated_sq: float = 0.0
-) -> float:
-    """The whole model's gradient norm, the same on every rank. replicated_sq: the part of
-    this rank's sum of squares that another stage also holds (pipeline tied weights), so
-    counted once."""
-    sq = sum_over(strategy.grad_sq_sum() - replicated_sq, pipe)
-    return math.sqrt(sq) * inv_scale  # inf and nan pass through
+    strategy: GradientStrategy,
+    pipe: AxisGroup,
+    inv_scale: float,
+    replicated_sq: float = 0.0,
+    pipe_extra: float = 0.0,
+) -> tuple[float, float]:
+    """The whole model's gradient norm, the same on every rank, and the pipe-group sum of
+    `pipe_extra` (a pipeline's loss rides along: one collective instead of two).
+    replicated_sq: the part of this rank's sum of squares that another stage also holds
+    (pipeline tied weights), so counted once."""
+    sq, extra = sums_over([strategy.grad_sq_sum() - replicated_sq, pipe_extra], pipe)
+    return math.sqrt(max(sq, 0.0)) * inv_scale if math.isfinite(sq) else sq, extra
 
 
 def optimizer_step(
@@ -49,9 +55,10 @@ def optimizer_step(
     pipe: AxisGroup,
     lr_kwargs: dict[str, Any],
     replicated_sq: float = 0.0,
+    pipe_extra: float = 0.0,
 ) -> StepOutcome:
     inv_scale = 1.0 / loss_scaler.loss_scale if loss_scaler is not None else 1.0
-    norm = global_grad_norm(strategy, pipe, inv_scale, replicated_sq)
+    norm, pipe_sum = global_grad_norm(strategy, pipe, inv_scale, replicated_sq, pipe_extra)
     overflow = loss_scaler is not None and not math.isfinite(norm)
     if overflow:
         loss_scaler.update(True)
@@ -66,4 +73,4 @@ def optimizer_step(
         if lr_scheduler is not None:
             lr_scheduler.step(**lr_kwargs)
     strategy.zero_grads()
-    return StepOutcome(norm, overflow)
+    return StepOutcome(norm, overflow, pipe_sum)

@@ -76,6 +76,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._return_logits = False
         self.outputs: Any = None
         self._ckpt_same_layout = True  # set by each load_checkpoint
+        self._iterators_checked = False
         self._reset_buffers(0)
 
     # -- construction hooks --
@@ -161,7 +162,8 @@ class PipelineEngine(DeepSpeedEngine):
         self._compute_loss = True
         sched = sch.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id)
         self._run(sched)
-        self.agg_train_loss = self._aggregate_loss(self.micro_batches)
+        assert self.total_loss is not None  # set by the schedule's OptimizerStep
+        self.agg_train_loss = self.total_loss
         self.micro_steps += self.micro_batches
         self.global_samples += self.train_batch_size()
         return self.agg_train_loss
@@ -244,7 +246,12 @@ class PipelineEngine(DeepSpeedEngine):
             self._inputs = self._outputs = self._input_grads = self._labels = []
 
     def _exec_load_micro_batch(self, cmd: sch.LoadMicroBatch) -> None:
-        assert self.data_iterator is not None  # _check_data_iterators ran
+        if self.data_iterator is None:
+            raise PipelineError(
+                f"stage {self.stage_id} (rank {self.rank}) has no data iterator: pass "
+                "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
+                "and last stages"
+            )
         batch = next(self.data_iterator)
         if getattr(self, "_batch_fn", None) is not None:
             batch = self._batch_fn(batch)
@@ -348,8 +355,15 @@ class PipelineEngine(DeepSpeedEngine):
             sq = sum_of_squares(self.strategy.grads_of(replicated))
             if self.strategy.partitioned_grads:
                 sq = comm.sum_over(sq, self.layout.data)
+        # the batch loss rides on the norm's pipe-group sum: the last stage adds it, the
+        # others 0, so every stage learns it without a broadcast of its own
+        loss = 0.0
+        if self.is_last_stage():
+            loss = float(self._mean_over_data(self._losses, self.micro_batches))
         with self.timers.phase("step"):
-            self._model_step({}, replicated_sq=sq)
+            out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
+        self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)
+        self.metrics.add_loss(self.total_loss)
         self.metrics.on_step(
             self.global_steps,
             self.get_lr()[0] if self.optimizer else 0.0,
@@ -374,15 +388,13 @@ class PipelineEngine(DeepSpeedEngine):
         comm.group_broadcast(t, self.layout.pipe, self.layout.pipe.size - 1)
         return t
 
-    def _aggregate_loss(self, m: int) -> torch.Tensor:
-        mean = self._mean_over_data(self._losses, m) if self.is_last_stage() else None
-        loss = self._from_last_stage(mean)
-        self.total_loss = loss
-        self.metrics.add_loss(loss)
-        return loss
-
     def _check_data_iterators(self) -> None:
-        """Every rank learns which stages lack an iterator they need, before any p2p."""
+        """On the first batch, every rank learns which stages lack an iterator they need,
+        before any p2p; later a stage that finds none raises and aborts its neighbours
+        ([Note: pipeline p2p]), which saves a collective per batch."""
+        if self._iterators_checked:
+            return
+        self._iterators_checked = True
         missing = torch.zeros(self.world_size, dtype=torch.float64)
         if self._needs_data() and self.data_iterator is None:
             missing[self.rank] = 1.0

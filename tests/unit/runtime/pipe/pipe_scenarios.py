@@ -173,6 +173,15 @@ def missing_iterator() -> dict[str, Any]:
     return _expect_failure(lambda: engine.train_batch(it))
 
 
+def iterator_lost_later() -> dict[str, Any]:
+    """After the first batch the check is local: the stage raises, its neighbour aborts."""
+    engine = _engine(_module())
+    _train(engine, 1)
+    it = iter(pr.batches(1, 0, 2)) if engine.is_first_stage() else None
+    engine.data_iterator = None if not engine.is_first_stage() else engine.data_iterator
+    return _expect_failure(lambda: engine.train_batch(it))
+
+
 def missing_loss_fn() -> dict[str, Any]:
     engine = _engine(_module(loss_fn=None))
     return _expect_failure(lambda: _train(engine, 1))
@@ -187,6 +196,7 @@ SCENARIOS = {
     "dynamic": dynamic_shapes,
     "shape_change": shape_change,
     "missing_iterator": missing_iterator,
+    "iterator_lost_later": iterator_lost_later,
     "missing_loss_fn": missing_loss_fn,
 }
 

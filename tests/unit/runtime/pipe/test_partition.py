@@ -68,11 +68,25 @@ def test_explicit_and_bad_partitions() -> None:
         partition_layers(layers, 2, "profile")
 
 
+def _refusals() -> list[str]:
+    out = []
+    for layers, kw in [
+        ([nn.Linear(2, 2), nn.Linear(2, 2)], {"num_stages": 2}),
+        ([nn.Linear(2, 2), nn.Linear(2, 2)], {}),
+        ([nn.ReLU(), "relu"], {"num_stages": 1}),
+    ]:
+        try:
+            PipelineModule(layers, **kw)
+            out.append("no error")
+        except (TypeError, ValueError) as e:
+            out.append(str(e))
+    return out
+
+
 def test_module_refuses_bad_stage_counts() -> None:
-    layers = [nn.Linear(2, 2), nn.Linear(2, 2)]
-    with pytest.raises(ValueError, match="does not divide the world size 1"):
-        PipelineModule(layers, num_stages=2)
-    with pytest.raises(ValueError, match="num_stages=<int> or topology"):
-        PipelineModule(layers)
-    with pytest.raises(TypeError, match="layer 1 is a str"):
-        PipelineModule([nn.ReLU(), "relu"], num_stages=1)
+    from tests.helpers.distributed import run_ranks
+
+    world, missing, bad_layer = run_ranks(_refusals, 1)[0]  # a world of one rank
+    assert "does not divide the world size 1" in world
+    assert "num_stages=<int> or topology" in missing
+    assert "layer 1 is a str" in bad_layer

@@ -89,6 +89,12 @@ def test_missing_data_iterator_fails_everywhere_before_any_p2p(runs: list[dict])
         assert "rank(s) [1]" in r["missing_iterator"]["message"]
 
 
+def test_iterator_missing_later_fails_on_both_stages(runs: list[dict]) -> None:
+    last, first = runs[1]["iterator_lost_later"], runs[0]["iterator_lost_later"]
+    assert last["error"] == "PipelineError" and "no data iterator" in last["message"]
+    assert first["error"] == "PipeAborted"
+
+
 def test_missing_loss_fn(runs: list[dict]) -> None:
     last, first = runs[1]["missing_loss_fn"], runs[0]["missing_loss_fn"]
     assert last["error"] == "ValueError" and "loss_fn=" in last["message"]

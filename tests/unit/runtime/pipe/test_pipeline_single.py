@@ -1,5 +1,5 @@
-"""A one-stage pipeline in this process: the engine's API, and the config it refuses by name
-before any collective."""
+"""A one-stage pipeline (in one spawned rank, so this process never holds a process group):
+the engine's API, and the config it refuses by name before any collective."""
 
 from __future__ import annotations
 
@@ -8,87 +8,121 @@ from typing import Any
 import pytest
 import torch
 
-from deepspeed_ext.runtime.initialize import initialize
-from deepspeed_ext.runtime.pipe import PipelineError, PipelineModule
+from tests.helpers.distributed import run_ranks
 
 from . import pipe_runs as pr
 
+REFUSED = {
+    "zero3": ({"zero_optimization": {"stage": 3}}, "stage 3 does not run with pipeline"),
+    "stages": ({"pipeline": {"stages": 2}}, "pipeline.stages is 2"),
+    "partition": ({"pipeline": {"partition": "uniform"}}, "pipeline.partition is 'uniform'"),
+    "interval": ({"pipeline": {"activation_checkpoint_interval": 2}}, "activation_checkpoint"),
+    "seed": ({"pipeline": {"seed_layers": False}}, "pipeline.seed_layers"),
+}
 
-def module(**kw: Any) -> PipelineModule:
+
+def _module(**kw: Any) -> Any:
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
     args: dict[str, Any] = dict(num_stages=1, loss_fn=pr.lm_loss, seed_layers=True)
     args.update(kw)
     return PipelineModule(pr.specs(), **args)
 
 
-def config(**extra: Any) -> dict[str, Any]:
+def _config(**extra: Any) -> dict[str, Any]:
     return {"train_micro_batch_size_per_gpu": pr.MICRO, "gradient_accumulation_steps": 2, **extra}
 
 
-def adamw(groups: Any) -> torch.optim.Optimizer:
+def _adamw(groups: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=pr.LR)
 
 
-def test_one_stage_matches_the_reference() -> None:
-    engine, *_ = initialize(
-        model=module(), config=config(gradient_clipping=pr.CLIP), optimizer=adamw
-    )
-    assert engine.is_first_stage() and engine.is_last_stage()
-    losses = [float(engine.train_batch(iter(pr.batches(s, 0, 2)))) for s in range(3)]
-    torch.testing.assert_close(torch.tensor(losses), torch.tensor(pr.reference(3, 2, 1)["losses"]))
-    assert engine.global_steps == 3 and engine.micro_steps == 6
-    assert engine.global_samples == 3 * 2 * pr.MICRO
+def _error(fn: Any) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - returned to the test
+        return f"{type(e).__name__}: {e}"
+    return "no error"
 
 
-def test_training_data_feeds_train_batch() -> None:
+def checks() -> dict[str, Any]:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    out: dict[str, Any] = {}
+    cfg = _config(gradient_clipping=pr.CLIP)
+    engine, *_ = initialize(model=_module(), config=cfg, optimizer=_adamw)
+    out["ends"] = (engine.is_first_stage(), engine.is_last_stage())
+    out["losses"] = [float(engine.train_batch(iter(pr.batches(s, 0, 2)))) for s in range(3)]
+    out["counters"] = (engine.global_steps, engine.micro_steps, engine.global_samples)
+    out["forward"] = _error(lambda: engine(torch.zeros(1)))
+    out["step"] = _error(engine.step)
+
     data = [pr.micro_batch(0, 0, i) for i in range(3)]
     dataset = [(ids[0], labels[0]) for ids, labels in data]  # samples, batched by the loader
-    engine, _, loader, _ = initialize(
-        model=module(), config=config(), optimizer=adamw, training_data=dataset
+    fed, _, loader, _ = initialize(
+        model=_module(), config=_config(), optimizer=_adamw, training_data=dataset
     )
-    assert loader is not None
-    for _ in range(3):  # more micro-batches than the loader holds: it repeats
-        assert torch.isfinite(engine.train_batch())
+    out["loader"] = loader is not None
+    out["fed"] = [float(fed.train_batch()) for _ in range(3)]  # more than the loader holds
 
-
-def test_micro_batch_api_is_refused() -> None:
-    engine, *_ = initialize(model=module(), config=config(), optimizer=adamw)
-    with pytest.raises(PipelineError, match="train_batch"):
-        engine(torch.zeros(1))
-    with pytest.raises(PipelineError, match="train_batch"):
-        engine.step()
-    with pytest.raises(PipelineError, match="no data iterator"):
-        engine.train_batch()
-
-
-@pytest.mark.parametrize(
-    ("extra", "kw", "match"),
-    [
-        ({"zero_optimization": {"stage": 3}}, {}, "stage 3 does not run with pipeline"),
-        ({"pipeline": {"stages": 2}}, {}, "pipeline.stages is 2"),
-        ({"pipeline": {"partition": "uniform"}}, {}, "pipeline.partition is 'uniform'"),
-        ({"pipeline": {"activation_checkpoint_interval": 2}}, {}, "activation_checkpoint_interval"),
-        ({"pipeline": {"seed_layers": False}}, {}, "pipeline.seed_layers"),
-    ],
-)
-def test_config_disagreeing_with_the_module_is_refused(extra: Any, kw: Any, match: str) -> None:
-    with pytest.raises(ValueError, match=match):
-        initialize(model=module(**kw), config=config(**extra), optimizer=adamw)
-
-
-def test_config_agreeing_with_the_module_is_fine() -> None:
-    cfg = config(pipeline={"stages": 1, "partition": "best", "seed_layers": True})
-    initialize(model=module(), config=cfg, optimizer=adamw)
-
-
-def test_config_key_refuses_a_model_it_cannot_cut() -> None:
-    with pytest.raises(ValueError, match="torch.nn.Sequential or a list of layers"):
-        initialize(
-            model=pr.Reference(),
-            config=config(pipeline_parallelism={"num_stages": 1}),
-            optimizer=adamw,
+    bare, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
+    out["no_iterator"] = _error(bare.train_batch)
+    for name, (extra, _) in REFUSED.items():
+        out[name] = _error(
+            lambda extra=extra: initialize(
+                model=_module(), config=_config(**extra), optimizer=_adamw
+            )
         )
+    agree = _config(pipeline={"stages": 1, "partition": "best", "seed_layers": True})
+    out["agree"] = _error(lambda: initialize(model=_module(), config=agree, optimizer=_adamw))
+    key = _config(pipeline_parallelism={"num_stages": 1})
+    out["key_on_module"] = _error(
+        lambda: initialize(model=pr.Reference(), config=key, optimizer=_adamw)
+    )
+    out["mpu"] = _error(
+        lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
+    )
+    return out
 
 
-def test_mpu_beside_a_pipeline_module_is_refused() -> None:
-    with pytest.raises(ValueError, match="drop mpu="):
-        initialize(model=module(), config=config(), optimizer=adamw, mpu=object())
+@pytest.fixture(scope="module")
+def res() -> dict[str, Any]:
+    return run_ranks(checks, 1)[0]
+
+
+def test_one_stage_matches_the_reference(res: dict[str, Any]) -> None:
+    assert res["ends"] == (True, True)
+    torch.testing.assert_close(
+        torch.tensor(res["losses"]), torch.tensor(pr.reference(3, 2, 1)["losses"])
+    )
+    assert res["counters"] == (3, 6, 3 * 2 * pr.MICRO)
+
+
+def test_training_data_feeds_train_batch(res: dict[str, Any]) -> None:
+    assert res["loader"]
+    assert all(torch.isfinite(torch.tensor(res["fed"])))
+
+
+def test_micro_batch_api_is_refused(res: dict[str, Any]) -> None:
+    assert res["forward"].startswith("PipelineError") and "train_batch" in res["forward"]
+    assert res["step"].startswith("PipelineError")
+    assert (
+        res["no_iterator"].startswith("PipelineError") and "no data iterator" in res["no_iterator"]
+    )
+
+
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_config_disagreeing_with_the_module_is_refused(res: dict[str, Any], name: str) -> None:
+    assert res[name].startswith("ValueError") and REFUSED[name][1] in res[name], res[name]
+
+
+def test_config_agreeing_with_the_module_is_fine(res: dict[str, Any]) -> None:
+    assert res["agree"] == "no error"
+
+
+def test_config_key_refuses_a_model_it_cannot_cut(res: dict[str, Any]) -> None:
+    assert "torch.nn.Sequential or a list of layers" in res["key_on_module"]
+
+
+def test_mpu_beside_a_pipeline_module_is_refused(res: dict[str, Any]) -> None:
+    assert "drop mpu=" in res["mpu"]
