@@ -85,8 +85,15 @@ class PipelineEngine(DeepSpeedEngine):
         out the same on every stage holding them ([Note: tied weights])."""
         groups = super()._model_param_groups(client, model_parameters)
         tied = self._tied.entries()
-        if not tied:
+        if not tied or self.zero_optimization_stage() == 0:  # stage 0 reduces per param
             return groups
+        if isinstance(client, torch.optim.Optimizer) and self._tied.shared():
+            raise ValueError(
+                "a torch.optim.Optimizer object with ZeRO and weights tied across pipeline "
+                "stages: ZeRO needs the tied weights in a param group of their own; pass the "
+                "optimizer as a callable (optimizer=lambda groups: AdamW(groups, ...)) or in "
+                "the config's optimizer section"
+            )
         key_of = {id(p): k for k, ps, _ in tied for p in ps}
         out: list[dict[str, Any]] = []
         extra: dict[str, dict[str, Any]] = {}
