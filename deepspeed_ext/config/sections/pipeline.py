@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field
 
@@ -20,6 +20,9 @@ class PipelineConfig(Section):
     grad_partitioned: Bool = True
     # None: reentrant checkpointing (upstream's default).
     use_reentrant: Bool | None = None
+    # deepspeed_ext: "1f1b" (upstream's TrainSchedule) or "interleaved" (virtual stages: the
+    # PipelineModule built with virtual_stages >= 2, which selects it by itself).
+    schedule: Literal["1f1b", "interleaved"] = "1f1b"
 
 
 class PipelineParallelismConfig(Section):

@@ -42,8 +42,7 @@ def local_layers(module: PipelineModule) -> list[tuple[int, torch.nn.Module, str
     """(global index, module, its state-dict prefix in the PipelineModule) per local layer
     that has state."""
     out = []
-    for local, fn in enumerate(module.forward_funcs):
-        idx = module._local_start + local
+    for idx, fn in zip(module.local_layer_indices(), module.forward_funcs):
         spec = module._layer_specs[idx]
         if isinstance(spec, TiedLayerSpec):
             out.append((idx, module.tied_modules[spec.key], f"tied_modules.{spec.key}."))
@@ -69,6 +68,7 @@ def extras(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> dict[str,
         "module": None,
         "pipeline": {
             "num_stages": module.num_stages,
+            "virtual_stages": module.virtual_stages,
             "parts": [int(x) for x in module.parts],
             "param_names": names() if names is not None else None,
             # global layer index -> its state-dict prefix (zero_to_fp32 names by it)
@@ -93,7 +93,11 @@ def state_for_load(engine: PipelineEngine, ckpt_dir: Path, path: Path) -> dict[s
             f"{ckpt_dir} was not written by a pipeline engine (no per-layer files): load it "
             "into the model it was saved from, or consolidate it with zero_to_fp32"
         )
-    same = int(first["pipeline"]["num_stages"]) == engine.num_stages
+    saved = first["pipeline"]
+    same = (int(saved["num_stages"]), int(saved.get("virtual_stages", 1))) == (
+        engine.num_stages,
+        _module(engine).virtual_stages,
+    )
     state = load_state_file(path) if same else dict(first)
     state["module"] = module_from_layers(_module(engine), ckpt_dir)
     engine._ckpt_same_layout = same

@@ -15,6 +15,7 @@ def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None
             "already defines the parallel layout; drop mpu= (or build the PipelineModule "
             "with topology= matching it)"
         )
+    schedule_for(config, module)
     stage = int(config.zero_optimization.stage)
     if stage >= 3:
         raise ValueError(
@@ -53,3 +54,23 @@ def _partition_name(method: Any) -> Any:
         return list(method)
     m = str(method).lower()
     return "parameters" if m == "best" else m
+
+
+def schedule_for(config: Any, module: PipelineModule) -> str:
+    """pipeline.schedule against the module's virtual stages."""
+    pipe = config.pipeline
+    given = "schedule" in pipe.model_fields_set
+    if module.virtual_stages > 1:
+        if given and pipe.schedule != "interleaved":
+            raise ValueError(
+                f"pipeline.schedule is {pipe.schedule!r} but the PipelineModule was built "
+                f"with virtual_stages={module.virtual_stages}, which runs the interleaved "
+                "schedule: drop pipeline.schedule, or build it with virtual_stages=1"
+            )
+        return "interleaved"
+    if given and pipe.schedule == "interleaved":
+        raise ValueError(
+            "pipeline.schedule 'interleaved' needs model chunks: build the PipelineModule "
+            "with virtual_stages=2 (or more)"
+        )
+    return "1f1b"

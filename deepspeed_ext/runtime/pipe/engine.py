@@ -24,7 +24,7 @@ from ..dataloader import RepeatingLoader
 from ..engine import DeepSpeedEngine
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
-from .checks import check_pipeline_config
+from .checks import check_pipeline_config, schedule_for
 from .module import PipelineModule
 
 
@@ -57,16 +57,10 @@ class PipelineEngine(DeepSpeedEngine):
         self.micro_batches = self.gradient_accumulation_steps()
         self.is_pipe_parallel = self.num_stages > 1
         self.is_data_parallel = self.dp_world_size > 1
-        prev_rank = self.grid.stage_to_global(self.stage_id - 1) if self.stage_id > 0 else -1
-        next_rank = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else -1
-        dyn = model.dynamic_shape
-        s = self.stage_id
+        self.chunks = model.virtual_stages
+        self.schedule_name = schedule_for(config, model)
         PipelineEngine._engines += 1  # every rank builds its engines in the same order
-        tag = PipelineEngine._engines
-        self._act_in = PipeChannel(prev_rank, f"activations from stage {s - 1}", dyn, tag)
-        self._act_out = PipeChannel(next_rank, f"stage {s}'s output to stage {s + 1}", dyn, tag)
-        self._grad_in = PipeChannel(next_rank, f"gradients from stage {s + 1}", dyn, tag)
-        self._grad_out = PipeChannel(prev_rank, f"stage {s}'s input gradients", dyn, tag)
+        self._make_channels(model.dynamic_shape, PipelineEngine._engines * 4096)
         self.data_iterator: Iterator[Any] | None = None
         if self.training_dataloader is not None and self._needs_data():
             self.data_iterator = iter(RepeatingLoader(self.training_dataloader))
@@ -78,6 +72,36 @@ class PipelineEngine(DeepSpeedEngine):
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._iterators_checked = False
         self._reset_buffers(0)
+
+    def _make_channels(self, dyn: bool, base: int) -> None:
+        """Per model chunk c (virtual stage V = c*p + r): activations come from V-1 (the
+        previous rank in the ring) and go to V+1; gradients the other way. An edge's tag is
+        the lower virtual stage's, so both ends agree on it."""
+        p, r, last = self.num_stages, self.stage_id, self.num_stages * self.chunks - 1
+        prev_rank = self.grid.stage_to_global((r - 1) % p)
+        next_rank = self.grid.stage_to_global((r + 1) % p)
+        self._act_in: dict[int, PipeChannel] = {}
+        self._act_out: dict[int, PipeChannel] = {}
+        self._grad_in: dict[int, PipeChannel] = {}
+        self._grad_out: dict[int, PipeChannel] = {}
+        for c in range(self.chunks):
+            v = c * p + r
+            if v > 0:
+                what = f"activations into virtual stage {v}"
+                self._act_in[c] = PipeChannel(prev_rank, what, dyn, base + v - 1)
+                what = f"input gradients of virtual stage {v}"
+                self._grad_out[c] = PipeChannel(prev_rank, what, dyn, base + v - 1)
+            if v < last:
+                what = f"output of virtual stage {v}"
+                self._act_out[c] = PipeChannel(next_rank, what, dyn, base + v)
+                what = f"gradients into virtual stage {v}"
+                self._grad_in[c] = PipeChannel(next_rank, what, dyn, base + v)
+
+    def _is_first(self, c: int) -> bool:
+        return c == 0 and self.is_first_stage()
+
+    def _is_last(self, c: int) -> bool:
+        return c == self.chunks - 1 and self.is_last_stage()
 
     # -- construction hooks --
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
@@ -167,7 +191,12 @@ class PipelineEngine(DeepSpeedEngine):
         self._check_data_iterators()
         self.module.train()
         self._compute_loss = True
-        sched = sch.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id)
+        if self.chunks > 1:
+            sched: sch.PipeSchedule = sch.InterleavedTrainSchedule(
+                self.micro_batches, self.num_stages, self.stage_id, self.chunks
+            )
+        else:
+            sched = sch.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id)
         self._run(sched)
         assert self.total_loss is not None  # set by the schedule's OptimizerStep
         self.agg_train_loss = self.total_loss
@@ -195,7 +224,7 @@ class PipelineEngine(DeepSpeedEngine):
         m = num_micro_batches or self.micro_batches
         try:
             with torch.no_grad():
-                self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id))
+                self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id, self.chunks))
             out: Any = None
             if self.is_last_stage():
                 outs = self._losses
@@ -213,17 +242,20 @@ class PipelineEngine(DeepSpeedEngine):
 
     # -- the schedule --
     def _reset_buffers(self, n: int) -> None:
-        self._inputs: list[Any] = [None] * n
-        self._labels: list[Any] = [None] * n
-        self._outputs: list[Any] = [None] * n
-        self._input_grads: list[Any] = [None] * n
+        # keyed by (chunk, buffer id)
+        self._inputs: dict[tuple[int, int], Any] = {}
+        self._labels: dict[tuple[int, int], Any] = {}
+        self._outputs: dict[tuple[int, int], Any] = {}
+        self._input_grads: dict[tuple[int, int], Any] = {}
+        self._grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._batches: dict[int, Any] = {}  # micro-batch -> its batch, pulled once
         self._losses: list[torch.Tensor] = []
         self._backwards_left = 0
 
     def _run(self, sched: sch.PipeSchedule) -> None:
         self._reset_buffers(sched.num_pipe_buffers())
-        if isinstance(sched, sch.TrainSchedule):
-            self._backwards_left = sched.micro_batches
+        if isinstance(sched, (sch.TrainSchedule, sch.InterleavedTrainSchedule)):
+            self._backwards_left = sched.micro_batches * self.chunks
         handlers: dict[type, Callable[[Any], None]] = {
             sch.LoadMicroBatch: self._exec_load_micro_batch,
             sch.RecvActivation: self._exec_recv_activations,
@@ -237,22 +269,44 @@ class PipelineEngine(DeepSpeedEngine):
             sch.ReduceGrads: lambda _: None,
             sch.OptimizerStep: self._exec_optimizer_step,
         }
+        senders = [*self._act_out.values(), *self._grad_out.values()]
         try:
             for step in sched.steps():
                 for cmd in step:
                     handlers[type(cmd)](cmd)
-            for ch in (self._act_out, self._grad_out):
+            for ch in senders:
                 ch.wait_sends()
         except Exception:
             # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p])
-            for ch in (self._act_out, self._grad_out):
-                if ch.peer >= 0:
-                    ch.abort()
+            for ch in senders:
+                ch.abort()
             raise
-        finally:
-            self._inputs = self._outputs = self._input_grads = self._labels = []
+        finally:  # free the activations; the losses stay for eval_batch to read
+            losses = self._losses
+            self._reset_buffers(0)
+            self._losses = losses
+
+    @staticmethod
+    def _key(cmd: Any) -> tuple[int, int]:
+        return int(cmd.kwargs.get("chunk", 0)), int(cmd.buffer_id)
 
     def _exec_load_micro_batch(self, cmd: sch.LoadMicroBatch) -> None:
+        c, b = self._key(cmd)
+        mb = cmd.kwargs.get("micro_batch", b)
+        batch = self._batches.pop(mb, None)
+        if batch is None:
+            batch = self._next_batch()
+            if self._is_first(c) and self.is_last_stage() and self.chunks > 1:
+                self._batches[mb] = batch  # its last chunk reads the same micro-batch
+        if self._is_first(c):
+            self._inputs[(c, b)] = _to_device(batch[0], self.device)
+            samples = batch[0][0] if isinstance(batch[0], (tuple, list)) else batch[0]
+            n = int(samples.shape[0]) if isinstance(samples, torch.Tensor) and samples.dim() else 0
+            self.metrics.add_micro_batch(n, None)
+        if self._is_last(c):
+            self._labels[(c, b)] = _to_device(batch[1], self.device)
+
+    def _next_batch(self) -> Any:
         if self.data_iterator is None:
             raise PipelineError(
                 f"stage {self.stage_id} (rank {self.rank}) has no data iterator: pass "
@@ -268,35 +322,30 @@ class PipelineEngine(DeepSpeedEngine):
                 "pipeline batch is a pair (inputs, labels): the first stage reads inputs, the "
                 "last stage labels"
             )
-        b = cmd.buffer_id
-        if self.is_first_stage():
-            self._inputs[b] = _to_device(batch[0], self.device)
-            samples = batch[0][0] if isinstance(batch[0], (tuple, list)) else batch[0]
-            n = int(samples.shape[0]) if isinstance(samples, torch.Tensor) and samples.dim() else 0
-            self.metrics.add_micro_batch(n, None)
-        if self.is_last_stage():
-            self._labels[b] = _to_device(batch[1], self.device)
+        return batch
 
     def _exec_recv_activations(self, cmd: sch.RecvActivation) -> None:
-        bufs = self._act_in.recv(cmd.buffer_id)
-        assert self._act_in.recv_meta is not None
+        c, b = self._key(cmd)
+        ch = self._act_in[c]
+        bufs = ch.recv(b)
+        assert ch.recv_meta is not None
         grad = torch.is_grad_enabled()
         ins = tuple(
             t.detach().requires_grad_(flag and grad and t.is_floating_point())
-            for t, (_, flag, _) in zip(bufs, self._act_in.recv_meta)
+            for t, (_, flag, _) in zip(bufs, ch.recv_meta)
         )
-        self._inputs[cmd.buffer_id] = ins[0] if len(ins) == 1 else ins
+        self._inputs[(c, b)] = ins[0] if len(ins) == 1 else ins
 
     def _exec_forward_pass(self, cmd: sch.ForwardPass) -> None:
-        b = cmd.buffer_id
+        c, b = self._key(cmd)
         with self.timers.phase("forward"):
-            out = self.module(self._inputs[b])
-        if not self.is_last_stage():
-            self._outputs[b] = out
+            out = self.module(self._inputs[(c, b)], chunk=c)
+        if not self._is_last(c):
+            self._outputs[(c, b)] = out
             return
         loss_fn: Any = getattr(self.module, "loss_fn", None)
         if self._compute_loss and loss_fn is not None:
-            loss = loss_fn(out, self._labels[b])
+            loss = loss_fn(out, self._labels.pop((c, b)))
         else:
             loss = out
         if self._compute_loss and not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
@@ -308,47 +357,50 @@ class PipelineEngine(DeepSpeedEngine):
             )
         if self._return_logits:
             self.outputs = out
-        self._outputs[b] = loss
+        self._outputs[(c, b)] = loss
         self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
 
     def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
-        self._act_out.send(_as_tuple(self._outputs[cmd.buffer_id]))
+        key = self._key(cmd)
+        self._act_out[key[0]].send(_as_tuple(self._outputs[key]))
         if not torch.is_grad_enabled():
-            self._outputs[cmd.buffer_id] = None
+            del self._outputs[key]
+            self._inputs.pop(key, None)
 
     def _exec_recv_grads(self, cmd: sch.RecvGrad) -> None:
-        self._grads_in = self._grad_in.recv(0)
+        c, _ = self._key(cmd)
+        self._grads_in[c] = self._grad_in[c].recv(0)
 
     def _exec_backward_pass(self, cmd: sch.BackwardPass) -> None:
-        b = cmd.buffer_id
+        c, b = self._key(cmd)
         self._backwards_left -= 1
         self.strategy.begin_backward(self._backwards_left == 0)  # the batch's boundary
         with self.timers.phase("backward"):
-            if self.is_last_stage():
-                scaled = self._outputs[b].float() / self.micro_batches
+            if self._is_last(c):
+                scaled = self._outputs.pop((c, b)).float() / self.micro_batches
                 if self.loss_scaler is not None:
                     scaled = scaled * self.loss_scaler.loss_scale
                 scaled.backward()
             else:
-                outs = [o for o in _as_tuple(self._outputs[b]) if o.requires_grad]
-                if len(outs) != len(self._grads_in):
+                outs = [o for o in _as_tuple(self._outputs.pop((c, b))) if o.requires_grad]
+                grads = self._grads_in.pop(c)
+                if len(outs) != len(grads):
                     raise RuntimeError(
-                        f"stage {self.stage_id}: {len(outs)} outputs need gradients but stage "
-                        f"{self.stage_id + 1} sent {len(self._grads_in)}"
+                        f"stage {self.stage_id}: {len(outs)} outputs need gradients but the "
+                        f"next stage sent {len(grads)}"
                     )
-                torch.autograd.backward(outs, grad_tensors=list(self._grads_in))
+                torch.autograd.backward(outs, grad_tensors=list(grads))
             self.strategy.end_backward()
-        self._outputs[b] = None
-        if not self.is_first_stage():
-            ins = [t for t in _as_tuple(self._inputs[b]) if t.requires_grad]
-            self._input_grads[b] = tuple(
+        if not self._is_first(c):
+            ins = [t for t in _as_tuple(self._inputs[(c, b)]) if t.requires_grad]
+            self._input_grads[(c, b)] = tuple(
                 t.grad if t.grad is not None else torch.zeros_like(t) for t in ins
             )
 
     def _exec_send_grads(self, cmd: sch.SendGrad) -> None:
-        self._grad_out.send(self._input_grads[cmd.buffer_id])
-        self._input_grads[cmd.buffer_id] = None
-        self._inputs[cmd.buffer_id] = None
+        key = self._key(cmd)
+        self._grad_out[key[0]].send(self._input_grads.pop(key))
+        self._inputs.pop(key, None)
 
     def _exec_reduce_tied_grads(self, cmd: sch.ReduceTiedGrads) -> None:
         for params, group in self._tied.shared():

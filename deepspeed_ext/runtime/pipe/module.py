@@ -53,6 +53,7 @@ class PipelineModule(torch.nn.Module):
         activation_checkpoint_func: Callable[..., Any] = _reentrant_free_checkpoint,
         checkpointable_layers: list[str] | None = None,
         dynamic_shape: bool = False,
+        virtual_stages: int = 1,
     ) -> None:
         super().__init__()
         layers = list(layers)
@@ -64,6 +65,8 @@ class PipelineModule(torch.nn.Module):
                     f"PipelineModule layer {i} is a {type(layer).__name__}: layers are "
                     "LayerSpecs, torch.nn.Modules or callables"
                 )
+        if virtual_stages < 1:
+            raise ValueError(f"virtual_stages={virtual_stages}: use 1, or 2+ model chunks per rank")
         if activation_checkpoint_interval < 0:
             raise ValueError(
                 f"activation_checkpoint_interval={activation_checkpoint_interval}: use 0 (off) "
@@ -74,6 +77,11 @@ class PipelineModule(torch.nn.Module):
         self.global_rank = comm.get_rank()
         self._topo = self._topology(num_stages, topology)
         self.num_stages = self._topo.get_dim("pipe")
+        if virtual_stages > 1 and self.num_stages < 2:
+            raise ValueError(
+                f"virtual_stages={virtual_stages} interleaves model chunks over pipeline "
+                "stages: it needs num_stages >= 2"
+            )
         self.loss_fn = loss_fn
         self.seed_layers = seed_layers
         self.seed_fn = seed_fn
@@ -84,13 +92,23 @@ class PipelineModule(torch.nn.Module):
         self.checkpointable_layers = checkpointable_layers
         self.dynamic_shape = dynamic_shape
         self._layer_specs = layers
-        self.parts = partition_layers(layers, self.num_stages, partition_method)
+        # interleaving (ours): num_stages * virtual_stages parts; this rank holds the parts
+        # of virtual stages c * num_stages + stage_id, one model chunk each
+        self.virtual_stages = virtual_stages
+        self.parts = partition_layers(layers, self.num_stages * virtual_stages, partition_method)
         self._grid = PipelineParallelGrid(topology=self._topo)
         self.stage_id = self._grid.get_stage_id()
-        self._local_start = self.parts[self.stage_id]
-        self._local_stop = self.parts[self.stage_id + 1]
+        self.chunk_ranges = [
+            (
+                self.parts[c * self.num_stages + self.stage_id],
+                self.parts[c * self.num_stages + self.stage_id + 1],
+            )
+            for c in range(virtual_stages)
+        ]
+        self._local_start, self._local_stop = self.chunk_ranges[0]
         self.micro_offset = 0
         self.forward_funcs: list[Callable[..., Any]] = []
+        self.chunk_funcs: list[list[Callable[..., Any]]] = []
         self.tied_modules = torch.nn.ModuleDict()
         self.tied_weight_attrs: dict[str, list[str]] = {}
         self._build()
@@ -117,54 +135,62 @@ class PipelineModule(torch.nn.Module):
             )
         return PipeDataParallelTopology(num_pp=num_stages, num_dp=self.world_size // num_stages)
 
+    def local_layer_indices(self) -> list[int]:
+        """Global indices of this rank's layers, chunk by chunk."""
+        return [i for lo, hi in self.chunk_ranges for i in range(lo, hi)]
+
     def _build(self) -> None:
-        for idx in range(self._local_start, self._local_stop):
-            layer = self._layer_specs[idx]
-            if self.seed_layers:
-                (self.seed_fn or _seed_everything)(self.base_seed + idx)
-            if isinstance(layer, TiedLayerSpec):
-                if layer.key not in self.tied_modules:
-                    self.tied_modules[layer.key] = layer.build()
-                    self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
-                module = self.tied_modules[layer.key]
-                fn = (
-                    module
-                    if layer.forward_fn is None
-                    else functools.partial(layer.forward_fn, module)
-                )
-                self.forward_funcs.append(fn)
-            elif isinstance(layer, LayerSpec):
-                module = layer.build()
-                self.add_module(str(idx), module)
-                self.forward_funcs.append(module)
-            elif isinstance(layer, torch.nn.Module):
-                self.add_module(str(idx), layer)
-                self.forward_funcs.append(layer)
-            else:
-                self.forward_funcs.append(layer)
+        for lo, hi in self.chunk_ranges:
+            start = len(self.forward_funcs)
+            for idx in range(lo, hi):
+                self._build_layer(idx)
+            self.chunk_funcs.append(self.forward_funcs[start:])
+
+    def _build_layer(self, idx: int) -> None:
+        layer = self._layer_specs[idx]
+        if self.seed_layers:
+            (self.seed_fn or _seed_everything)(self.base_seed + idx)
+        if isinstance(layer, TiedLayerSpec):
+            if layer.key not in self.tied_modules:
+                self.tied_modules[layer.key] = layer.build()
+                self.tied_weight_attrs[layer.key] = layer.tied_weight_attr
+            module = self.tied_modules[layer.key]
+            fn = module if layer.forward_fn is None else functools.partial(layer.forward_fn, module)
+            self.forward_funcs.append(fn)
+        elif isinstance(layer, LayerSpec):
+            module = layer.build()
+            self.add_module(str(idx), module)
+            self.forward_funcs.append(module)
+        elif isinstance(layer, torch.nn.Module):
+            self.add_module(str(idx), layer)
+            self.forward_funcs.append(layer)
+        else:
+            self.forward_funcs.append(layer)
 
     # -- forward --
-    def forward(self, forward_input: Any) -> Any:
+    def forward(self, forward_input: Any, chunk: int = 0) -> Any:
+        """This rank's layers (of model chunk `chunk` when interleaved)."""
         self.micro_offset += 1
-        funcs = self.forward_funcs
+        funcs = self.chunk_funcs[chunk]
         every = self.activation_checkpoint_interval
         if every == 0 or not torch.is_grad_enabled():
-            return self._run(0, len(funcs))(forward_input)
+            return self._run(funcs, 0, len(funcs))(forward_input)
         x = forward_input
         for start in range(0, len(funcs), every):
             end = min(start + every, len(funcs))
-            chunk = self._run(start, end)
+            run = self._run(funcs, start, end)
             if self._is_checkpointable(funcs[start:end]):
                 args = x if isinstance(x, tuple) else (x,)
-                x = self.activation_checkpoint_func(chunk, *args)
+                x = self.activation_checkpoint_func(run, *args)
             else:
-                x = chunk(x)
+                x = run(x)
         return x
 
-    def _run(self, start: int, end: int) -> Callable[..., Any]:
+    @staticmethod
+    def _run(funcs: list[Callable[..., Any]], start: int, end: int) -> Callable[..., Any]:
         def run(*inputs: Any) -> Any:
             x = inputs[0] if len(inputs) == 1 else inputs
-            for f in self.forward_funcs[start:end]:
+            for f in funcs[start:end]:
                 x = f(x)
             return x
 
@@ -190,9 +216,9 @@ class PipelineModule(torch.nn.Module):
     def stage_owner(self, layer_idx: int) -> int:
         if not 0 <= layer_idx < len(self._layer_specs):
             raise ValueError(f"layer {layer_idx} is not in this model's {len(self._layer_specs)}")
-        for stage in range(self.num_stages):
-            if self.parts[stage] <= layer_idx < self.parts[stage + 1]:
-                return stage
+        for part in range(len(self.parts) - 1):
+            if self.parts[part] <= layer_idx < self.parts[part + 1]:
+                return part % self.num_stages  # virtual stage c * stages + rank
         raise AssertionError("unreachable: parts cover every layer")
 
     def partitions(self) -> list[int]:

@@ -159,11 +159,101 @@ class TrainSchedule(PipeSchedule):
 
 
 class InferenceSchedule(PipeSchedule):
-    """Forwards only; two buffers alternate (a received input is consumed by its forward)."""
+    """Forwards only; two buffers alternate (a received input is consumed by its forward).
+    With `chunks` model chunks per rank (interleaved), micro-batches go in groups of
+    `stages` through chunk 0, then chunk 1, ...; instructions carry `chunk=`."""
+
+    def __init__(self, micro_batches: int, stages: int, stage_id: int, chunks: int = 1) -> None:
+        super().__init__(micro_batches, stages, stage_id)
+        self.chunks = chunks
 
     def num_pipe_buffers(self) -> int:
         return 2
 
     def steps(self) -> Iterator[list[PipeInstruction]]:
-        for mb in range(self.micro_batches):
-            yield self._forward(mb)
+        if self.chunks == 1:
+            for mb in range(self.micro_batches):
+                yield self._forward(mb)
+            return
+        p, v, last = self.stages, self.chunks, self.stages * self.chunks - 1
+        for g in range(0, self.micro_batches, p):
+            for c in range(v):
+                vs = c * p + self.stage_id
+                for mb in range(g, min(g + p, self.micro_batches)):
+                    cmds: list[PipeInstruction] = []
+                    if vs in (0, last):
+                        cmds.append(LoadMicroBatch(mb, chunk=c))
+                    if vs > 0:
+                        cmds.append(RecvActivation(mb, chunk=c))
+                    cmds.append(ForwardPass(mb, chunk=c))
+                    if vs < last:
+                        cmds.append(SendActivation(mb, chunk=c))
+                    yield cmds
+
+
+class InterleavedTrainSchedule(PipeSchedule):
+    """Interleaved 1F1B (virtual stages): each rank holds `chunks` model chunks, chunk c of
+    rank r being virtual stage c*stages + r, so the pipe fills v times faster and the bubble
+    shrinks to (p-1)/(v*m+p-1). Micro-batches go through in groups of `stages`: forward
+    micro-step k runs chunk (k // p) % v on micro-batch (k // (p*v))*p + k % p; backward
+    micro-steps visit the chunks in reverse. Instructions carry `chunk=`."""
+
+    def __init__(self, micro_batches: int, stages: int, stage_id: int, chunks: int = 2) -> None:
+        super().__init__(micro_batches, stages, stage_id)
+        if chunks < 1:
+            raise ValueError(f"chunks={chunks}: at least one model chunk per rank")
+        if chunks > 1 and micro_batches % stages:
+            raise ValueError(
+                f"the interleaved schedule runs micro-batches in groups of the {stages} "
+                f"stages: gradient_accumulation_steps={micro_batches} is not a multiple of "
+                f"{stages}; use {(micro_batches // stages + 1) * stages}"
+            )
+        self.chunks = chunks
+
+    def num_pipe_buffers(self) -> int:
+        return self.micro_batches  # per chunk: buffer = micro-batch index
+
+    def _fwd(self, k: int) -> tuple[int, int]:
+        p, v = self.stages, self.chunks
+        return (k // p) % v, (k // (p * v)) * p + k % p
+
+    def _bwd(self, k: int) -> tuple[int, int]:
+        c, mb = self._fwd(k)
+        return self.chunks - 1 - c, mb
+
+    def order(self) -> list[tuple[str, int, int]]:
+        """("F" | "B", chunk, micro-batch) in execution order."""
+        p, v, m, r = self.stages, self.chunks, self.micro_batches, self.stage_id
+        total = m * v
+        warmup = min((p - r - 1) * 2 + (v - 1) * p, total) if v > 1 else min(p - r - 1, m)
+        seq = [("F", *self._fwd(k)) for k in range(warmup)]
+        for i in range(total - warmup):
+            seq += [("F", *self._fwd(warmup + i)), ("B", *self._bwd(i))]
+        seq += [("B", *self._bwd(i)) for i in range(total - warmup, total)]
+        return seq
+
+    def _first(self, c: int) -> bool:
+        return c == 0 and self.stage_id == 0
+
+    def _last(self, c: int) -> bool:
+        return c == self.chunks - 1 and self.stage_id == self.stages - 1
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        for kind, c, mb in self.order():
+            cmds: list[PipeInstruction] = []
+            if kind == "F":
+                if self._first(c) or self._last(c):
+                    cmds.append(LoadMicroBatch(mb, chunk=c))
+                if not self._first(c):
+                    cmds.append(RecvActivation(mb, chunk=c))
+                cmds.append(ForwardPass(mb, chunk=c))
+                if not self._last(c):
+                    cmds.append(SendActivation(mb, chunk=c))
+            else:
+                if not self._last(c):
+                    cmds.append(RecvGrad(mb, chunk=c))
+                cmds.append(BackwardPass(mb, chunk=c))
+                if not self._first(c):
+                    cmds.append(SendGrad(mb, chunk=c))
+            yield cmds
+        yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]

@@ -132,7 +132,7 @@ def reference(
 
 # -- the pipeline run (in each spawned rank) --
 def pipeline_run(
-    stages: int, zero: int, dtype: str, steps: int, gas: int, tied: bool = True
+    stages: int, zero: int, dtype: str, steps: int, gas: int, tied: bool = True, chunks: int = 1
 ) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.runtime.pipe import PipelineModule
@@ -143,6 +143,7 @@ def pipeline_run(
         loss_fn=lm_loss,
         seed_layers=True,
         partition_method="uniform",
+        virtual_stages=chunks,
     )
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": MICRO,
@@ -174,6 +175,10 @@ def pipeline_run(
     }
 
 
-def pipeline_cases(cases: list[tuple[int, int, str]], steps: int, gas: int) -> list[dict[str, Any]]:
-    """Several configurations in one set of spawned ranks (spawning is the slow part)."""
-    return [pipeline_run(s, z, d, steps, gas) for s, z, d in cases]
+def pipeline_cases(cases: list[tuple[Any, ...]], steps: int, gas: int) -> list[dict[str, Any]]:
+    """Several configurations in one set of spawned ranks (spawning is the slow part):
+    (stages, zero stage, dtype[, model chunks per rank])."""
+    return [
+        pipeline_run(c[0], c[1], c[2], steps, gas, chunks=(c[3] if len(c) > 3 else 1))
+        for c in cases
+    ]

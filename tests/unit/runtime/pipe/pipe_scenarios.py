@@ -60,6 +60,15 @@ def eval_after_training() -> dict[str, Any]:
     }
 
 
+def interleaved() -> dict[str, Any]:
+    engine = _engine(_module(virtual_stages=2))
+    losses = _train(engine, 2)
+    data = pr.batches(99, 0, 3)
+    it = iter(data) if engine._needs_data() else None
+    loss = engine.eval_batch(it, num_micro_batches=3)
+    return {"losses": losses, "eval": float(loss), "schedule": engine.schedule_name}
+
+
 def checkpointed() -> dict[str, Any]:
     engine = _engine(_module(activation_checkpoint_interval=1))
     return {"losses": _train(engine, 3)}
@@ -189,6 +198,7 @@ def missing_loss_fn() -> dict[str, Any]:
 
 SCENARIOS = {
     "eval": eval_after_training,
+    "interleaved": interleaved,
     "checkpointed": checkpointed,
     "fp16": fp16,
     "fp16_overflow": lambda: fp16(30),

@@ -22,6 +22,9 @@ CASES = [
     (4, 2, "fp32"),
     (2, 2, "bf16"),
     (4, 1, "bf16"),
+    (2, 1, "fp32", 2),  # interleaved: 2 model chunks per rank (4 virtual stages)
+    (2, 0, "fp32", 3),
+    (2, 2, "bf16", 2),
 ]
 
 
@@ -36,9 +39,13 @@ def _ref_name(name: str) -> str:
     return "layers." + name
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"pp{s}-zero{z}-{d}" for s, z, d in CASES])
+def _id(c: tuple) -> str:
+    return f"pp{c[0]}-zero{c[1]}-{c[2]}" + (f"-v{c[3]}" if len(c) > 3 else "")
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[_id(c) for c in CASES])
 def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
-    stages, _, dtype = CASES[case]
+    stages, _, dtype = CASES[case][:3]
     dp = 4 // stages
     ref_model = pr.Reference()
     ref = pr.reference(STEPS, GAS, dp)
@@ -49,7 +56,7 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), **tol)
     seen = set()
     for r in per_rank:
-        assert len(r["parts"]) == stages + 1
+        assert len(r["parts"]) == stages * (CASES[case][3] if len(CASES[case]) > 3 else 1) + 1
         for name, w in r["weights"].items():
             torch.testing.assert_close(w, ref_weights[_ref_name(name)], **tol, msg=name)
             seen.add(_ref_name(name))
@@ -57,7 +64,7 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
 
 
 def test_tied_copies_stay_equal(runs: list[list[dict]]) -> None:
-    for case, (stages, _, _) in enumerate(CASES):
+    for case, (stages, *_) in enumerate(CASES):
         copies = [
             r[case]["weights"]["tied_modules.embed.weight"]
             for r in runs

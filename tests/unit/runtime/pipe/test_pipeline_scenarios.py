@@ -42,6 +42,17 @@ def test_eval_batch_matches_the_trained_reference(runs: list[dict]) -> None:
     assert runs[1]["eval"]["logits"] == [pr.MICRO, pr.SEQ, pr.VOCAB]
 
 
+def test_interleaved_train_and_eval(runs: list[dict]) -> None:
+    ref = pr.reference(2, 2, 1)
+    model = ref["model"].eval()
+    with torch.no_grad():
+        per_mb = [float(pr.lm_loss(model(ids), labels)) for ids, labels in pr.batches(99, 0, 3)]
+    for r in runs:
+        assert r["interleaved"]["schedule"] == "interleaved"
+        close(r["interleaved"]["losses"], ref["losses"])
+        close([r["interleaved"]["eval"]], [sum(per_mb) / 3])
+
+
 def test_activation_checkpointing_changes_nothing(runs: list[dict]) -> None:
     ref = pr.reference(3, 2, 1)
     for r in runs:

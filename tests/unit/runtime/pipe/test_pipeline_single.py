@@ -18,6 +18,7 @@ REFUSED = {
     "partition": ({"pipeline": {"partition": "uniform"}}, "pipeline.partition is 'uniform'"),
     "interval": ({"pipeline": {"activation_checkpoint_interval": 2}}, "activation_checkpoint"),
     "seed": ({"pipeline": {"seed_layers": False}}, "pipeline.seed_layers"),
+    "schedule": ({"pipeline": {"schedule": "interleaved"}}, "virtual_stages=2"),
 }
 
 

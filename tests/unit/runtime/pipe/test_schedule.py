@@ -97,3 +97,71 @@ def test_bad_arguments() -> None:
         sch.TrainSchedule(0, 2, 0)
     with pytest.raises(ValueError, match="stage_id=2"):
         sch.TrainSchedule(4, 2, 2)
+
+
+def simulate_chunks(streams: list[list[sch.PipeInstruction]], p: int, v: int) -> list[list[tuple]]:
+    """Interleaved streams: virtual stage c*p + r sends to the next rank in the ring (rank 0
+    receives chunk c+1's input from rank p-1's chunk c); per-edge FIFO order is checked."""
+    pc = [0] * p
+    links: dict[tuple[str, int, int], deque[int]] = {}  # (kind, rank, chunk) -> micro-batches
+    done: list[list[tuple]] = [[] for _ in range(p)]
+    while any(pc[r] < len(streams[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            while pc[r] < len(streams[r]):
+                cmd = streams[r][pc[r]]
+                c, b = cmd.kwargs.get("chunk", 0), getattr(cmd, "buffer_id", None)
+                if isinstance(cmd, (sch.RecvActivation, sch.RecvGrad)):
+                    kind = "act" if isinstance(cmd, sch.RecvActivation) else "grad"
+                    q = links.setdefault((kind, r, c), deque())
+                    if not q:
+                        break
+                    assert q.popleft() == b
+                elif isinstance(cmd, sch.SendActivation):
+                    dst, dc = (r + 1) % p, c + (1 if r == p - 1 else 0)
+                    links.setdefault(("act", dst, dc), deque()).append(b)
+                elif isinstance(cmd, sch.SendGrad):
+                    dst, dc = (r - 1) % p, c - (1 if r == 0 else 0)
+                    links.setdefault(("grad", dst, dc), deque()).append(b)
+                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass)):
+                    done[r].append((type(cmd).__name__[0], c, b))
+                pc[r] += 1
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"deadlock: p={p} v={v} at {pc}")
+    return done
+
+
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("v", [2, 3])
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_interleaved_schedule(p: int, v: int, groups: int) -> None:
+    m = p * groups
+    streams = [
+        [c for st in sch.InterleavedTrainSchedule(m, p, r, v).steps() for c in st] for r in range(p)
+    ]
+    done = simulate_chunks(streams, p, v)
+    for r in range(p):
+        for kind in "FB":
+            seen = sorted((c, b) for k, c, b in done[r] if k == kind)
+            assert seen == [(c, b) for c in range(v) for b in range(m)]  # each once
+    # rank 0 warms up with (p-1)*2 + (v-1)*p forwards (Megatron's), then goes 1F1B
+    warmup = min((p - 1) * 2 + (v - 1) * p, m * v)
+    first = [k for k, _, _ in done[0]].index("B")
+    assert first == (warmup + 1 if warmup < m * v else m * v)
+
+
+@pytest.mark.parametrize("p", [2, 4])
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_interleaved_inference(p: int, m: int) -> None:
+    streams = [
+        [c for st in sch.InferenceSchedule(m, p, r, 2).steps() for c in st] for r in range(p)
+    ]
+    done = simulate_chunks(streams, p, 2)
+    for r in range(p):
+        assert sorted(x[1:] for x in done[r]) == [(c, b) for c in range(2) for b in range(m)]
+
+
+def test_interleaved_needs_whole_groups() -> None:
+    with pytest.raises(ValueError, match="not a multiple of 4; use 8"):
+        sch.InterleavedTrainSchedule(6, 4, 0, 2)
