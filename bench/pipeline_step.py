@@ -9,7 +9,9 @@ Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per
             config; upstream: its optimizer for the config's AdamW; torch: torch.optim.AdamW)
   emulated  each stage one layer that sleeps F = 20 ms forward and B = 40 ms backward:
             fixed-time compute that does not compete for the 2 cores, so the bubble is the
-            schedule's: 1 - m*(F+B)/step_time (the optimizer step on 384 params is ~0)
+            schedule's: 1 - m*(F+B)/step_time (the optimizer step on 384 params is ~0);
+            ours also interleaved: 2 chunks per rank of F/2 and B/2 each (the same work per
+            rank), against (p-1)/(v*m+p-1)
 for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2
 cores in the real workload: its absolute times say little, its ratios compare schedules and
 engines under the same contention). Contenders alternate over --rounds rounds; medians.
@@ -41,9 +43,13 @@ class PipeContender(Contender):
     result_tag = "PIPELINE_STEP_RESULT "
     torchrun_impls = ("torch",)
 
-    def __init__(self, impl: str, mode: str, m: int, args: Any, run_id: str) -> None:
+    def __init__(
+        self, impl: str, mode: str, m: int, args: Any, run_id: str, chunks: int = 1
+    ) -> None:
         super().__init__(impl, f"{mode} m={m}", args, run_id)
-        self.mode, self.m = mode, m
+        self.mode, self.m, self.chunks = mode, m, chunks
+        if chunks > 1:
+            self.name = f"{impl} interleaved v={chunks} {mode} m={m}"
 
     def worker_args(self) -> list[str]:
         a = self.args
@@ -51,7 +57,7 @@ class PipeContender(Contender):
             str(self.worker),
             *("--impl", self.impl, "--mode", self.mode, "--micro-batches", str(self.m)),
             *("--steps", str(a.steps), "--warmup", str(a.warmup), "--run-id", self.run_id),
-            *("--emulate-ms", str(F_MS)),
+            *("--emulate-ms", str(F_MS), "--chunks", str(self.chunks)),
         ]
 
 
@@ -64,24 +70,30 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--job-timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--only-interleaved", action="store_true", help="only ours interleaved (emulated)"
+    )
     args = ap.parse_args()
     args.ranks = STAGES
     args.modes = ("real", "emulated")
     args.ms = (4, 8, 16)
+    if args.only_interleaved:
+        args.modes = ("emulated",)
     if args.smoke:
         args.rounds, args.steps, args.modes, args.ms = 1, 2, ("emulated",), (4,)
         args.no_upstream = True
     return args
 
 
-def bubble_formula(m: int, p: int = STAGES) -> float:
-    return (p - 1) / (m + p - 1)
+def bubble_formula(m: int, p: int = STAGES, v: int = 1) -> float:
+    return (p - 1) / (v * m + p - 1)
 
 
 def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
     per: dict[str, Any] = {}
     for name, c in contenders.items():
-        e: dict[str, Any] = {"impl": c.impl, "mode": c.mode, "m": c.m, "skipped": c.skipped}
+        e: dict[str, Any] = {"impl": c.impl, "mode": c.mode, "m": c.m, "chunks": c.chunks}
+        e["skipped"] = c.skipped
         e |= {"jobs": c.jobs, "raw": c.results}
         e["step_s_per_round"] = [r["step_s"] for r in c.results]
         if c.results and not c.skipped:
@@ -89,11 +101,11 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
             if c.mode == "emulated":
                 ideal = c.m * 3 * F_MS / 1000.0
                 e["bubble"] = 1.0 - ideal / e["median_step_s"]
-                e["bubble_formula"] = bubble_formula(c.m)
+                e["bubble_formula"] = bubble_formula(c.m, STAGES, c.chunks)
         per[name] = e
     ratios: dict[str, Any] = {}
     for name, e in per.items():
-        if e["impl"] != "ours" or "median_step_s" not in e:
+        if e["impl"] != "ours" or "median_step_s" not in e or e["chunks"] > 1:
             continue
         for peer in ("upstream", "torch"):
             other = per.get(name.replace("ours", peer, 1), {})
@@ -113,7 +125,7 @@ def report(summary: dict[str, Any]) -> None:
             continue
         bub = f"{e['bubble']:.3f} ({e['bubble_formula']:.3f})" if "bubble" in e else ""
         speed = ""
-        if e["impl"] == "ours":
+        if e["impl"] == "ours" and e["chunks"] == 1:
             r = summary["ours_speedup"]
             key = f"{e['mode']} m={e['m']}"
             speed = " ".join(
@@ -129,12 +141,15 @@ def main() -> int:
     args = parse_args()
     t0 = time.perf_counter()
     run_id = f"pipeline_step_{uuid.uuid4().hex[:8]}"
-    contenders = {
-        f"{impl} {mode} m={m}": PipeContender(impl, mode, m, args, run_id)
-        for mode in args.modes
-        for m in args.ms
-        for impl in ("ours", "upstream", "torch")
-    }
+    contenders: dict[str, PipeContender] = {}
+    for mode in args.modes:
+        for m in args.ms:
+            for impl in ("ours", "upstream", "torch"):
+                if not args.only_interleaved:
+                    contenders[f"{impl} {mode} m={m}"] = PipeContender(impl, mode, m, args, run_id)
+            if mode == "emulated":  # ours only: the peers' interleaved runs are not wired up
+                c = PipeContender("ours", mode, m, args, run_id, chunks=2)
+                contenders[c.name] = c
     busy = busy_warning()
     run_rounds(contenders, args.rounds, dict, t0)
     summary = summarize(contenders)
@@ -151,7 +166,8 @@ def main() -> int:
         "leftover_pids_killed_at_end": reap(run_id),
         "wall_s": time.perf_counter() - t0,
     }
-    return finish("pipeline_step", payload, contenders, args.smoke)
+    name = "pipeline_step_interleaved" if args.only_interleaved else "pipeline_step"
+    return finish(name, payload, contenders, args.smoke)
 
 
 if __name__ == "__main__":

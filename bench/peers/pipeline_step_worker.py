@@ -47,6 +47,9 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--emulate-ms", type=float, default=20.0)
+    ap.add_argument(
+        "--chunks", type=int, default=1, help="ours only: model chunks per rank (interleaved)"
+    )
     ap.add_argument("--run-id", default="")
     ap.add_argument("--local_rank", type=int, default=0)
     return ap.parse_args()
@@ -69,7 +72,7 @@ def _layers(args: argparse.Namespace) -> tuple[list[Any], Any]:
     from torch import nn
 
     if args.mode == "emulated":
-        sleep = args.emulate_ms / 1000.0
+        sleep = args.emulate_ms / 1000.0 / args.chunks  # the same compute per rank
 
         class SpinFn(torch.autograd.Function):
             @staticmethod
@@ -92,7 +95,8 @@ def _layers(args: argparse.Namespace) -> tuple[list[Any], Any]:
             def forward(self, x: Any) -> Any:
                 return SpinFn.apply(x, self.w)
 
-        return [Spin() for _ in range(STAGES)], lambda out, y: (out.float() ** 2).mean()
+        spins = [Spin() for _ in range(STAGES * args.chunks)]
+        return spins, lambda out, y: (out.float() ** 2).mean()
 
     spec = importlib.util.spec_from_file_location("pipeline_step_gpt", GPT_FILE)
     assert spec is not None and spec.loader is not None
@@ -157,7 +161,10 @@ def _ds_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> Any:
     from deepspeed.pipe import PipelineModule
 
     deepspeed.init_distributed(dist_backend="gloo")
-    module = PipelineModule(layers, num_stages=STAGES, loss_fn=loss_fn, partition_method="uniform")
+    extra = {"virtual_stages": args.chunks} if args.chunks > 1 else {}
+    module = PipelineModule(
+        layers, num_stages=STAGES, loss_fn=loss_fn, partition_method="uniform", **extra
+    )
     config = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": args.micro_batches,
@@ -232,6 +239,7 @@ def main() -> int:
             "impl": args.impl,
             "mode": args.mode,
             "micro_batches": args.micro_batches,
+            "chunks": args.chunks,
             "params": params,
             "step_s": dt,
             "steps_per_s": 1.0 / dt,
