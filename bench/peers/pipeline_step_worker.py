@@ -29,6 +29,12 @@ from pathlib import Path
 from typing import Any
 
 RESULT_TAG = "PIPELINE_STEP_RESULT "
+_spec = importlib.util.spec_from_file_location(
+    "ddp_step_worker", Path(__file__).resolve().parent / "ddp_step_worker.py"
+)
+assert _spec is not None and _spec.loader is not None
+ddw = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ddw)  # stdlib-only at import time: its _isolate_from_repo
 GPT_FILE = Path(__file__).resolve().parents[2] / "examples" / "gpt.py"
 STAGES = 4
 
@@ -53,17 +59,6 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--run-id", default="")
     ap.add_argument("--local_rank", type=int, default=0)
     return ap.parse_args()
-
-
-def _isolate_from_repo() -> None:
-    """Upstream only: drop sys.path entries outside the venv (the repo's `deepspeed`)."""
-    roots = {os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)}
-
-    def inside(p: str) -> bool:
-        rp = os.path.realpath(p or os.getcwd())
-        return any(rp == r or rp.startswith(r + os.sep) for r in roots)
-
-    sys.path[:] = [p for p in sys.path if inside(p)]
 
 
 def _layers(args: argparse.Namespace) -> tuple[list[Any], Any]:
@@ -216,7 +211,7 @@ def _torch_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> An
 def main() -> int:
     args = _parse()
     if args.impl == "upstream":
-        _isolate_from_repo()
+        ddw._isolate_from_repo()
     import torch
     import torch.distributed as dist
 

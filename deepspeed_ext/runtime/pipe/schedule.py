@@ -113,25 +113,34 @@ class PipeSchedule:
 
     def _forward(self, mb: int) -> list[PipeInstruction]:
         buf = mb % self.num_pipe_buffers()
-        cmds: list[PipeInstruction] = []
-        if self.is_first_stage or self.is_last_stage:
-            cmds.append(LoadMicroBatch(buf))
-        if not self.is_first_stage:
-            cmds.append(RecvActivation(buf))
-        cmds.append(ForwardPass(buf))
-        if not self.is_last_stage:
-            cmds.append(SendActivation(buf))
-        return cmds
+        return forward_cmds(buf, self.is_first_stage, self.is_last_stage)
 
     def _backward(self, mb: int) -> list[PipeInstruction]:
         buf = mb % self.num_pipe_buffers()
-        cmds: list[PipeInstruction] = []
-        if not self.is_last_stage:
-            cmds.append(RecvGrad(buf))
-        cmds.append(BackwardPass(buf))
-        if not self.is_first_stage:
-            cmds.append(SendGrad(buf))
-        return cmds
+        return backward_cmds(buf, self.is_first_stage, self.is_last_stage)
+
+
+def forward_cmds(buf: int, first: bool, last: bool, **chunk: int) -> list[PipeInstruction]:
+    """One micro-batch's forward on a (virtual) stage: load or receive, run, send on."""
+    cmds: list[PipeInstruction] = []
+    if first or last:
+        cmds.append(LoadMicroBatch(buf, **chunk))
+    if not first:
+        cmds.append(RecvActivation(buf, **chunk))
+    cmds.append(ForwardPass(buf, **chunk))
+    if not last:
+        cmds.append(SendActivation(buf, **chunk))
+    return cmds
+
+
+def backward_cmds(buf: int, first: bool, last: bool, **chunk: int) -> list[PipeInstruction]:
+    cmds: list[PipeInstruction] = []
+    if not last:
+        cmds.append(RecvGrad(buf, **chunk))
+    cmds.append(BackwardPass(buf, **chunk))
+    if not first:
+        cmds.append(SendGrad(buf, **chunk))
+    return cmds
 
 
 class TrainSchedule(PipeSchedule):
@@ -180,15 +189,7 @@ class InferenceSchedule(PipeSchedule):
             for c in range(v):
                 vs = c * p + self.stage_id
                 for mb in range(g, min(g + p, self.micro_batches)):
-                    cmds: list[PipeInstruction] = []
-                    if vs in (0, last):
-                        cmds.append(LoadMicroBatch(mb, chunk=c))
-                    if vs > 0:
-                        cmds.append(RecvActivation(mb, chunk=c))
-                    cmds.append(ForwardPass(mb, chunk=c))
-                    if vs < last:
-                        cmds.append(SendActivation(mb, chunk=c))
-                    yield cmds
+                    yield forward_cmds(mb, vs == 0, vs == last, chunk=c)
 
 
 class InterleavedTrainSchedule(PipeSchedule):
@@ -240,20 +241,6 @@ class InterleavedTrainSchedule(PipeSchedule):
 
     def steps(self) -> Iterator[list[PipeInstruction]]:
         for kind, c, mb in self.order():
-            cmds: list[PipeInstruction] = []
-            if kind == "F":
-                if self._first(c) or self._last(c):
-                    cmds.append(LoadMicroBatch(mb, chunk=c))
-                if not self._first(c):
-                    cmds.append(RecvActivation(mb, chunk=c))
-                cmds.append(ForwardPass(mb, chunk=c))
-                if not self._last(c):
-                    cmds.append(SendActivation(mb, chunk=c))
-            else:
-                if not self._last(c):
-                    cmds.append(RecvGrad(mb, chunk=c))
-                cmds.append(BackwardPass(mb, chunk=c))
-                if not self._first(c):
-                    cmds.append(SendGrad(mb, chunk=c))
-            yield cmds
+            make = forward_cmds if kind == "F" else backward_cmds
+            yield make(mb, self._first(c), self._last(c), chunk=c)
         yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]
