@@ -101,9 +101,4 @@ def sums_over(values: list[float], group: Any = None) -> list[float]:
 
 def sum_over(value: float, group: Any = None) -> float:
     """The sum of a float over the group's ranks (float64; itself over one rank)."""
-    pg, size = resolve(group)
-    if size == 1:
-        return value
-    t = torch.tensor(value, dtype=torch.float64)
-    dist.all_reduce(t, group=pg)
-    return float(t)
+    return sums_over([value], group)[0]

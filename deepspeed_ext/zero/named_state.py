@@ -50,7 +50,7 @@ def from_stage0(
         opts = {k: v for k, v in group.items() if k != "params"}
         for pid, name in zip(group["params"], names):
             out.state[name] = {
-                k: (v.reshape(-1) if _per_element(k, v, masters[name]) else v)
+                k: (v.reshape(-1) if is_per_element(k, v, masters[name].numel()) else v)
                 for k, v in sd["state"].get(pid, {}).items()
             }
             out.options[name] = opts
@@ -96,10 +96,6 @@ def missing_names(named: NamedState, names: list[str], where: Any) -> None:
             f"{' ...' if len(missing) > 5 else ''}: it was saved from another model; load "
             "it with load_optimizer_states=False to take the weights only"
         )
-
-
-def _per_element(key: str, value: Any, like: torch.Tensor) -> bool:
-    return torch.is_tensor(value) and key != "step" and value.numel() == like.numel()
 
 
 def is_per_element(key: str, value: Any, numel: int) -> bool:

@@ -1,11 +1,12 @@
 from .clone import clone_tensors_for_torch_save
-from .engine_io import load_checkpoint, save_checkpoint
+from .engine_io import RankFileReader, load_checkpoint, save_checkpoint
 from .safe_load import CheckpointError
 from .safe_load import load as load_state_file
 from .weights16 import consolidated_state_dict, save_16bit_model
 
 __all__ = [
     "CheckpointError",
+    "RankFileReader",
     "clone_tensors_for_torch_save",
     "consolidated_state_dict",
     "load_state_file",

@@ -8,6 +8,7 @@ scaler, counters, RNG states, the config, and the client_state keys at top level
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,7 @@ def load_checkpoint(
     mp_rank = engine.layout.model.rank
     path = load_dir / str(tag) / layout.model_states_name(mp_rank)
     state = engine._checkpoint_state(load_dir / str(tag), path)
-    files = _RankFiles(path.parent, mp_rank)
+    files = RankFileReader(path.parent, mp_rank)
     engine.strategy.load_model_state(state, load_module_strict, files)
     if not load_module_only:
         if load_optimizer_states and engine.optimizer is not None:
@@ -188,17 +189,20 @@ def _write_zero_to_fp32_script(save_dir: Path) -> None:
         )
 
 
-class _RankFiles:
+class RankFileReader:
     """The zero_pp_rank files of a checkpoint directory for one model-parallel rank, each
-    read once per load."""
+    read once per load (by `load`: the safe loader, or zero_to_fp32's memory-mapped one)."""
 
-    def __init__(self, where: Path, mp_rank: int) -> None:
+    def __init__(
+        self, where: Path, mp_rank: int, load: Callable[[Path], Any] = safe_load.load
+    ) -> None:
         self.where = where
         self.mp_rank = mp_rank
+        self._load = load
         self._read: dict[int, dict[str, Any]] = {}
 
     def read(self, dp_rank: int) -> dict[str, Any]:
         if dp_rank not in self._read:
             name = layout.zero_optim_states_name(dp_rank, self.mp_rank)
-            self._read[dp_rank] = safe_load.load(self.where / name)
+            self._read[dp_rank] = self._load(self.where / name)
         return self._read[dp_rank]

@@ -150,13 +150,15 @@ def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.T
     master_weights; an fp32 stage-0 model's weights are its masters)."""
     from deepspeed_ext.zero.named_state import from_zero
 
+    from .engine_io import RankFileReader
+
     seen: set[str] = set()
     first = _load_mmap(d / layout.model_states_name(0))
     for k in range(int(first["pipeline"]["num_stages"])):
         st = _load_mmap(d / layout.model_states_name(k))
         info = st["pipeline"]
         if int(st.get("zero_stage") or 0) > 0:
-            masters = from_zero(_StageFiles(d, k)).masters
+            masters = from_zero(RankFileReader(d, k, _load_mmap)).masters
         else:
             masters = st.get("master_weights") or {}
         frozen = set(st.get("frozen_param_names") or [])
@@ -170,15 +172,6 @@ def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.T
                 value = masters.get(name)
                 value = t if value is None else value.reshape(t.shape)
                 yield name, value.float().clone() if value.is_floating_point() else value.clone()
-
-
-class _StageFiles:
-    def __init__(self, where: Path, mp_rank: int) -> None:
-        self.where = where
-        self.mp_rank = mp_rank
-
-    def read(self, dp_rank: int) -> dict[str, Any]:
-        return _load_mmap(self.where / layout.zero_optim_states_name(dp_rank, self.mp_rank))
 
 
 def get_fp32_state_dict_from_zero_checkpoint(

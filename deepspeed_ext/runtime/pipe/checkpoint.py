@@ -24,8 +24,8 @@ import torch
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.zero.named_state import NamedState, from_stage0, from_zero
 
-from ..checkpoint import clone_tensors_for_torch_save, load_state_file
-from ..checkpoint.layout import model_states_name, zero_optim_states_name
+from ..checkpoint import RankFileReader, clone_tensors_for_torch_save, load_state_file
+from ..checkpoint.layout import model_states_name
 from .spec import TiedLayerSpec
 
 if TYPE_CHECKING:
@@ -123,7 +123,7 @@ def load_optimizer(engine: PipelineEngine, state: dict[str, Any], files: Any) ->
             weights = _saved_stage_weights(ckpt_dir, mine, _module(engine))
             named.update(from_stage0(mine, mine["pipeline"]["param_names"], weights))
         else:
-            named.update(from_zero(_StageFiles(ckpt_dir, k)))
+            named.update(from_zero(RankFileReader(ckpt_dir, k)))
     engine.strategy.load_named_state(engine.optimizer, named, ckpt_dir)
 
 
@@ -151,14 +151,3 @@ def _tied_file_index(ckpt_dir: Path, module: PipelineModule, key: str) -> int:
             if (ckpt_dir / layer_file(module, i)).exists():
                 return i
     raise CheckpointError(f"{ckpt_dir} has no layer file for the tied weights {key!r}")
-
-
-class _StageFiles:
-    """The zero_pp_rank files of saved stage `mp_rank`."""
-
-    def __init__(self, where: Path, mp_rank: int) -> None:
-        self.where = where
-        self.mp_rank = mp_rank
-
-    def read(self, dp_rank: int) -> dict[str, Any]:
-        return load_state_file(self.where / zero_optim_states_name(dp_rank, self.mp_rank))
