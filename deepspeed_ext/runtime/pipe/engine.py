@@ -71,7 +71,7 @@ class PipelineEngine(DeepSpeedEngine):
         self.outputs: Any = None
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._iterators_checked = False
-        self._reset_buffers(0)
+        self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
         """Per model chunk c (virtual stage V = c*p + r): activations come from V-1 (the
@@ -241,7 +241,7 @@ class PipelineEngine(DeepSpeedEngine):
         return out
 
     # -- the schedule --
-    def _reset_buffers(self, n: int) -> None:
+    def _reset_buffers(self) -> None:
         # keyed by (chunk, buffer id)
         self._inputs: dict[tuple[int, int], Any] = {}
         self._labels: dict[tuple[int, int], Any] = {}
@@ -253,7 +253,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._backwards_left = 0
 
     def _run(self, sched: sch.PipeSchedule) -> None:
-        self._reset_buffers(sched.num_pipe_buffers())
+        self._reset_buffers()
         if isinstance(sched, (sch.TrainSchedule, sch.InterleavedTrainSchedule)):
             self._backwards_left = sched.micro_batches * self.chunks
         handlers: dict[type, Callable[[Any], None]] = {
@@ -283,7 +283,7 @@ class PipelineEngine(DeepSpeedEngine):
             raise
         finally:  # free the activations; the losses stay for eval_batch to read
             losses = self._losses
-            self._reset_buffers(0)
+            self._reset_buffers()
             self._losses = losses
 
     @staticmethod
