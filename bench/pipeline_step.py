@@ -7,9 +7,12 @@ Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per
             embeddings as layer 0, norm + untied head as the last, cut by layer count into
             4 stages; micro-batch 1; fp32; AdamW lr 1e-3 (ours: our CPU AdamW from the
             config; upstream: its optimizer for the config's AdamW; torch: torch.optim.AdamW)
-  emulated  each stage one layer that sleeps F = 20 ms forward and B = 40 ms backward:
-            fixed-time compute that does not compete for the 2 cores, so the bubble is the
-            schedule's: 1 - m*(F+B)/step_time (the optimizer step on 384 params is ~0);
+  emulated  each stage one layer that sleeps F = 20 ms forward, B = 20 ms for the input
+            gradient and W = 20 ms for the weight gradient: fixed-time compute that does not
+            compete for the 2 cores, so the bubble is the schedule's: 1 - m*(F+B+W)/step_time
+            (the optimizer step on 768 params is ~0); ours also zero bubble (ZB-H1: B and W
+            in passes of their own), whose idle time m*(F+B+W) short of the step time is
+            compared with ours 1F1B's (theory: a third);
             ours also interleaved: 2 chunks per rank of F/2 and B/2 each (the same work per
             rank), against (p-1)/(v*m+p-1)
 for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2
@@ -35,7 +38,12 @@ from ddp_step import Contender, finish, reap, run_rounds
 WORKER = Path(__file__).resolve().parent / "peers" / "pipeline_step_worker.py"
 STAGES = 4
 F_MS = 20.0
-TARGETS = {"vs_upstream": 1.2, "vs_torch": 1.0, "bubble_within": 0.10}
+TARGETS = {
+    "vs_upstream": 1.2,
+    "vs_torch": 1.0,
+    "bubble_within": 0.10,
+    "zb_h1_idle_vs_1f1b": 0.4,
+}
 
 
 class PipeContender(Contender):
@@ -44,12 +52,21 @@ class PipeContender(Contender):
     torchrun_impls = ("torch",)
 
     def __init__(
-        self, impl: str, mode: str, m: int, args: Any, run_id: str, chunks: int = 1
+        self,
+        impl: str,
+        mode: str,
+        m: int,
+        args: Any,
+        run_id: str,
+        chunks: int = 1,
+        schedule: str = "1f1b",
     ) -> None:
         super().__init__(impl, f"{mode} m={m}", args, run_id)
-        self.mode, self.m, self.chunks = mode, m, chunks
+        self.mode, self.m, self.chunks, self.schedule = mode, m, chunks, schedule
         if chunks > 1:
             self.name = f"{impl} interleaved v={chunks} {mode} m={m}"
+        elif schedule != "1f1b":
+            self.name = f"{impl} {schedule} {mode} m={m}"
 
     def worker_args(self) -> list[str]:
         a = self.args
@@ -58,6 +75,7 @@ class PipeContender(Contender):
             *("--impl", self.impl, "--mode", self.mode, "--micro-batches", str(self.m)),
             *("--steps", str(a.steps), "--warmup", str(a.warmup), "--run-id", self.run_id),
             *("--emulate-ms", str(F_MS), "--chunks", str(self.chunks)),
+            *("--schedule", self.schedule),
         ]
 
 
@@ -93,6 +111,7 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
     per: dict[str, Any] = {}
     for name, c in contenders.items():
         e: dict[str, Any] = {"impl": c.impl, "mode": c.mode, "m": c.m, "chunks": c.chunks}
+        e["schedule"] = c.schedule
         e["skipped"] = c.skipped
         e |= {"jobs": c.jobs, "raw": c.results}
         e["step_s_per_round"] = [r["step_s"] for r in c.results]
@@ -101,11 +120,21 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
             if c.mode == "emulated":
                 ideal = c.m * 3 * F_MS / 1000.0
                 e["bubble"] = 1.0 - ideal / e["median_step_s"]
+                e["idle_s"] = e["median_step_s"] - ideal
                 e["bubble_formula"] = bubble_formula(c.m, STAGES, c.chunks)
         per[name] = e
     ratios: dict[str, Any] = {}
     for name, e in per.items():
         if e["impl"] != "ours" or "median_step_s" not in e or e["chunks"] > 1:
+            continue
+        if e["schedule"] != "1f1b":  # ZB-H1's idle time against ours 1F1B's
+            base = per.get(f"ours {e['mode']} m={e['m']}", {})
+            if "idle_s" in e and "idle_s" in base:
+                e["idle_vs_1f1b"] = e["idle_s"] / base["idle_s"]
+            if "median_step_s" in base:
+                ratios[f"{e['mode']} m={e['m']} zb-h1 vs 1f1b"] = (
+                    base["median_step_s"] / e["median_step_s"]
+                )
             continue
         for peer in ("upstream", "torch"):
             other = per.get(name.replace("ours", peer, 1), {})
@@ -124,8 +153,10 @@ def report(summary: dict[str, Any]) -> None:
             rows.append([name, "skipped" if e["skipped"] else "failed", "", "", ""])
             continue
         bub = f"{e['bubble']:.3f} ({e['bubble_formula']:.3f})" if "bubble" in e else ""
+        if "idle_vs_1f1b" in e:
+            bub = f"{e['bubble']:.3f}, idle {e['idle_vs_1f1b']:.2f}x 1F1B's"
         speed = ""
-        if e["impl"] == "ours" and e["chunks"] == 1:
+        if e["impl"] == "ours" and e["chunks"] == 1 and e["schedule"] == "1f1b":
             r = summary["ours_speedup"]
             key = f"{e['mode']} m={e['m']}"
             speed = " ".join(
@@ -147,6 +178,9 @@ def main() -> int:
             for impl in ("ours", "upstream", "torch"):
                 if not args.only_interleaved:
                     contenders[f"{impl} {mode} m={m}"] = PipeContender(impl, mode, m, args, run_id)
+            if not args.only_interleaved:  # zero bubble: ours only (no peer has it)
+                c = PipeContender("ours", mode, m, args, run_id, schedule="zb-h1")
+                contenders[c.name] = c
             if mode == "emulated":  # ours only: the peers' interleaved runs are not wired up
                 c = PipeContender("ours", mode, m, args, run_id, chunks=2)
                 contenders[c.name] = c
@@ -160,7 +194,7 @@ def main() -> int:
         "machine": machine_info(),
         "args": {k: v for k, v in vars(args).items()},
         "emulated_forward_ms": F_MS,
-        "emulated_backward_ms": 2 * F_MS,
+        "emulated_backward_ms": 2 * F_MS,  # B + W, F each
         **summary,
         "busy_warning": busy,
         "leftover_pids_killed_at_end": reap(run_id),

@@ -1,7 +1,8 @@
 """Benchmark worker: one rank of a 4-stage pipeline training job, for bench/pipeline_step.py.
 
-    --impl ours      deepspeed_ext: deepspeed.pipe.PipelineModule + engine.train_batch (1F1B);
-                     started by our launcher (deepspeed --num_gpus 4 ...)
+    --impl ours      deepspeed_ext: deepspeed.pipe.PipelineModule + engine.train_batch (1F1B,
+                     or --schedule zb-h1, or --chunks 2 interleaved); started by our
+                     launcher (deepspeed --num_gpus 4 ...)
     --impl upstream  UPSTREAM DeepSpeed 0.19.8, the same PipelineModule code and config (its
                      venv's python, a cwd outside the repository, DS_ACCELERATOR=cpu)
     --impl torch     torch.distributed.pipelining: PipelineStage + Schedule1F1B over the same
@@ -11,9 +12,11 @@ Workload (--mode real): a GPT of --n-layer blocks (examples/gpt.py's Block), tok
 position embeddings as layer 0 and final norm + untied head as the last layer, cut into 4
 stages by layer count ("uniform": every impl gets the same cut); micro-batch --micro-batch
 sequences of --seq tokens, --micro-batches per step, fp32, AdamW lr 1e-3. --mode emulated:
-each stage is one layer whose forward sleeps --emulate-ms and whose backward sleeps twice
-that (compute of fixed duration that does not compete for the 2 cores), so the measured
-bubble is the schedule's own: 1 - m*(F+B)/step_time.
+each stage is one layer whose forward sleeps --emulate-ms and whose backward sleeps as long
+for the input gradient and as long again for the weight gradient (compute of fixed duration
+that does not compete for the 2 cores; a split backward pays each half in its own pass), so
+the measured bubble is the schedule's own: 1 - m*(F+B+W)/step_time. The layer scales its
+input by a parameter first, so that stage 0 has an input gradient to compute too.
 Rank 0 times --steps steps after --warmup, between barriers, and prints RESULT_TAG + JSON.
 """
 
@@ -56,6 +59,7 @@ def _parse() -> argparse.Namespace:
     ap.add_argument(
         "--chunks", type=int, default=1, help="ours only: model chunks per rank (interleaved)"
     )
+    ap.add_argument("--schedule", default="1f1b", help="ours only: pipeline.schedule")
     ap.add_argument("--run-id", default="")
     ap.add_argument("--local_rank", type=int, default=0)
     return ap.parse_args()
@@ -69,26 +73,38 @@ def _layers(args: argparse.Namespace) -> tuple[list[Any], Any]:
     if args.mode == "emulated":
         sleep = args.emulate_ms / 1000.0 / args.chunks  # the same compute per rank
 
-        class SpinFn(torch.autograd.Function):
+        # Two custom functions joined by a built-in multiply, which autograd asks only for
+        # the gradients a pass needs (a custom function's ctx.needs_input_grad is fixed at
+        # forward time): the input side sleeps B, the weight side W.
+        class SpinIn(torch.autograd.Function):
             @staticmethod
-            def forward(ctx: Any, x: Any, w: Any) -> Any:
+            def forward(ctx: Any, x: Any) -> Any:
                 time.sleep(sleep)
-                ctx.save_for_backward(x, w)
-                return x * w
+                return x.clone()
 
             @staticmethod
             def backward(ctx: Any, g: Any) -> Any:
-                time.sleep(2 * sleep)
-                x, w = ctx.saved_tensors
-                return g * w, (g * x).sum(0)
+                time.sleep(sleep)
+                return g
+
+        class SpinW(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx: Any, w: Any) -> Any:
+                return w.clone()
+
+            @staticmethod
+            def backward(ctx: Any, g: Any) -> Any:
+                time.sleep(sleep)
+                return g
 
         class Spin(nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.w = nn.Parameter(torch.ones(args.d_model))
+                self.scale = nn.Parameter(torch.ones(args.d_model))
 
             def forward(self, x: Any) -> Any:
-                return SpinFn.apply(x, self.w)
+                return SpinIn.apply(x * self.scale) * SpinW.apply(self.w)
 
         spins = [Spin() for _ in range(STAGES * args.chunks)]
         return spins, lambda out, y: (out.float() ** 2).mean()
@@ -166,6 +182,8 @@ def _ds_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> Any:
         "steps_per_print": 10**9,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
     }
+    if args.schedule != "1f1b":
+        config["pipeline"] = {"schedule": args.schedule}
     engine, *_ = deepspeed.initialize(model=module, config=config)
 
     def step(mbs: list[Any]) -> float:
@@ -235,6 +253,7 @@ def main() -> int:
             "mode": args.mode,
             "micro_batches": args.micro_batches,
             "chunks": args.chunks,
+            "schedule": args.schedule,
             "params": params,
             "step_s": dt,
             "steps_per_s": 1.0 / dt,

@@ -43,9 +43,9 @@ class GradAccumulator:
         assert p.grad is not None
         self.buckets.grad_view(p).add_(p.grad)
         p.grad = None
-        if not self.begun:  # a plain loss.backward(): the engine's boundary decides
-            self.begin(self.is_boundary())
-        self.end.arm()
+        if not self.begun:  # a plain loss.backward(): the engine's boundary decides, and
+            self.begin(self.is_boundary())  # autograd's end of pass finishes it
+            self.end.arm()
         if self.reduce_now:
             self.buckets.mark_ready(p)
 

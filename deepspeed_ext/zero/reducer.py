@@ -100,9 +100,9 @@ class ShardedReducer:
     def _hook(self, p: torch.Tensor) -> None:
         g, b = self.where[id(p)]
         i = self.index[(g, b)]
-        if not self.begun:  # a plain loss.backward(): the engine's boundary decides
-            self.begin(self.is_boundary())
-        self.end.arm()
+        if not self.begun:  # a plain loss.backward(): the engine's boundary decides, and
+            self.begin(self.is_boundary())  # autograd's end of pass finishes it
+            self.end.arm()
         if i not in self.buffers:
             self.buffers[i] = self._new_buffer(i)
         assert p.grad is not None

@@ -20,9 +20,10 @@ class PipelineConfig(Section):
     grad_partitioned: Bool = True
     # None: reentrant checkpointing (upstream's default).
     use_reentrant: Bool | None = None
-    # deepspeed_ext: "1f1b" (upstream's TrainSchedule) or "interleaved" (virtual stages: the
-    # PipelineModule built with virtual_stages >= 2, which selects it by itself).
-    schedule: Literal["1f1b", "interleaved"] = "1f1b"
+    # deepspeed_ext: "1f1b" (upstream's TrainSchedule), "interleaved" (virtual stages: the
+    # PipelineModule built with virtual_stages >= 2, which selects it by itself) or "zb-h1"
+    # (zero bubble: each backward split into input- and weight-gradient passes).
+    schedule: Literal["1f1b", "interleaved", "zb-h1"] = "1f1b"
 
 
 class PipelineParallelismConfig(Section):

@@ -73,4 +73,4 @@ def schedule_for(config: Any, module: PipelineModule) -> str:
             "pipeline.schedule 'interleaved' needs model chunks: build the PipelineModule "
             "with virtual_stages=2 (or more)"
         )
-    return "1f1b"
+    return str(pipe.schedule)

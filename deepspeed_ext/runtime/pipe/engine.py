@@ -1,10 +1,11 @@
 """PipelineEngine: deepspeed.initialize's engine for a PipelineModule (upstream's API).
 
 One call of train_batch() runs a whole batch: gradient_accumulation_steps micro-batches
-through the stages on the 1F1B schedule (schedule.py), then the optimizer step shared with
-the data-parallel engine ([Note: optimizer step]). The gradient strategy (stage 0, ZeRO 1 or
-2) works per stage over the data-parallel group exactly as without a pipeline: the schedule
-begins each backward with boundary=True only for the batch's last micro-batch.
+through the stages on the 1F1B schedule (schedule.py; interleaved or ZB-H1 by config), then
+the optimizer step shared with the data-parallel engine ([Note: optimizer step]). The
+gradient strategy (stage 0, ZeRO 1 or 2) works per stage over the data-parallel group
+exactly as without a pipeline: the pass that produces the batch's last micro-batch's weight
+gradients (its backward, or its W under ZB-H1) runs with boundary=True.
 First and last stages read the batch: (inputs, labels) per micro-batch; the returned loss is
 the data-parallel mean of the batch's mean micro-batch loss, the same on every rank.
 """
@@ -18,6 +19,7 @@ import torch
 
 from deepspeed_ext import comm
 from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel
+from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.norms import sum_of_squares
 
 from ..dataloader import RepeatingLoader
@@ -26,6 +28,7 @@ from . import checkpoint as pipe_ckpt
 from . import schedule as sch
 from .checks import check_pipeline_config, schedule_for
 from .module import PipelineModule
+from .split_backward import SplitPlan, plan_split
 
 
 class PipelineError(RuntimeError):
@@ -71,6 +74,7 @@ class PipelineEngine(DeepSpeedEngine):
         self.outputs: Any = None
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._iterators_checked = False
+        self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
@@ -191,13 +195,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._check_data_iterators()
         self.module.train()
         self._compute_loss = True
-        if self.chunks > 1:
-            sched: sch.PipeSchedule = sch.InterleavedTrainSchedule(
-                self.micro_batches, self.num_stages, self.stage_id, self.chunks
-            )
-        else:
-            sched = sch.TrainSchedule(self.micro_batches, self.num_stages, self.stage_id)
-        self._run(sched)
+        self._run(self._train_schedule())
         assert self.total_loss is not None  # set by the schedule's OptimizerStep
         self.agg_train_loss = self.total_loss
         self.micro_steps += self.micro_batches
@@ -241,12 +239,21 @@ class PipelineEngine(DeepSpeedEngine):
         return out
 
     # -- the schedule --
+    def _train_schedule(self) -> sch.PipeSchedule:
+        m, p, s = self.micro_batches, self.num_stages, self.stage_id
+        if self.chunks > 1:
+            return sch.InterleavedTrainSchedule(m, p, s, self.chunks)
+        if self.schedule_name == "zb-h1":
+            return sch.ZeroBubbleH1Schedule(m, p, s)
+        return sch.TrainSchedule(m, p, s)
+
     def _reset_buffers(self) -> None:
         # keyed by (chunk, buffer id)
         self._inputs: dict[tuple[int, int], Any] = {}
         self._labels: dict[tuple[int, int], Any] = {}
         self._outputs: dict[tuple[int, int], Any] = {}
         self._input_grads: dict[tuple[int, int], Any] = {}
+        self._weight_passes: dict[tuple[int, int], SplitPlan | None] = {}
         self._grads_in: dict[int, tuple[torch.Tensor, ...]] = {}
         self._batches: dict[int, Any] = {}  # micro-batch -> its batch, pulled once
         self._losses: list[torch.Tensor] = []
@@ -263,6 +270,8 @@ class PipelineEngine(DeepSpeedEngine):
             sch.SendActivation: self._exec_send_activations,
             sch.RecvGrad: self._exec_recv_grads,
             sch.BackwardPass: self._exec_backward_pass,
+            sch.BackwardInputPass: self._exec_backward_input_pass,
+            sch.BackwardWeightPass: self._exec_backward_weight_pass,
             sch.SendGrad: self._exec_send_grads,
             sch.ReduceTiedGrads: self._exec_reduce_tied_grads,
             # the strategy reduced in the batch's last backward ([Note: gradient strategy])
@@ -368,38 +377,101 @@ class PipelineEngine(DeepSpeedEngine):
             self._inputs.pop(key, None)
 
     def _exec_recv_grads(self, cmd: sch.RecvGrad) -> None:
-        c, _ = self._key(cmd)
-        self._grads_in[c] = self._grad_in[c].recv(0)
+        c, b = self._key(cmd)
+        # a split backward's W reads these gradients later (its join nodes' seeds can be
+        # them): a slot per buffer keeps them until the buffer's next micro-batch
+        slot = b if self.schedule_name == "zb-h1" else 0
+        self._grads_in[c] = self._grad_in[c].recv(slot)
+
+    def _backward_roots(self, c: int, b: int) -> tuple[list[torch.Tensor], list[Any]]:
+        """The tensors a micro-batch's backward starts from, and their gradients."""
+        if self._is_last(c):
+            scaled = self._outputs.pop((c, b)).float() / self.micro_batches
+            if self.loss_scaler is not None:
+                scaled = scaled * self.loss_scaler.loss_scale
+            return [scaled], [None]
+        outs = [o for o in _as_tuple(self._outputs.pop((c, b))) if o.requires_grad]
+        grads = list(self._grads_in.pop(c))
+        if len(outs) != len(grads):
+            raise RuntimeError(
+                f"stage {self.stage_id}: {len(outs)} outputs need gradients but the "
+                f"next stage sent {len(grads)}"
+            )
+        return outs, grads
+
+    def _grad_inputs(self, c: int, b: int) -> list[torch.Tensor]:
+        if self._is_first(c):
+            return []
+        return [t for t in _as_tuple(self._inputs[(c, b)]) if t.requires_grad]
+
+    def _backward_whole(self, c: int, b: int, boundary: bool, roots: Any = None) -> None:
+        """Input and weight gradients in one autograd pass, the strategy around it."""
+        outs, grads = roots or self._backward_roots(c, b)
+        self.strategy.begin_backward(boundary)
+        with self.timers.phase("backward"):
+            torch.autograd.backward(outs, grad_tensors=grads)
+            self.strategy.end_backward()
+        ins = self._grad_inputs(c, b)
+        self._keep_input_grads(c, b, ins, [t.grad for t in ins])
+
+    def _keep_input_grads(self, c: int, b: int, ins: list[torch.Tensor], grads: Any) -> None:
+        if ins:
+            self._input_grads[(c, b)] = tuple(
+                g if g is not None else torch.zeros_like(t) for g, t in zip(grads, ins)
+            )
 
     def _exec_backward_pass(self, cmd: sch.BackwardPass) -> None:
-        c, b = self._key(cmd)
         self._backwards_left -= 1
-        self.strategy.begin_backward(self._backwards_left == 0)  # the batch's boundary
+        self._backward_whole(*self._key(cmd), boundary=self._backwards_left == 0)
+
+    def _exec_backward_input_pass(self, cmd: sch.BackwardInputPass) -> None:
+        """B of a zero-bubble schedule; its W runs at BackwardWeightPass
+        ([Note: split backward]). A graph that cannot be cut runs whole here."""
+        c, b = self._key(cmd)
+        ins = self._grad_inputs(c, b)
+        outs, grads = self._backward_roots(c, b)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        plan = plan_split(outs, grads, ins, params)
+        if isinstance(plan, str):
+            self._weight_passes[(c, b)] = None
+            self.unsplit_backwards += 1
+            if self.unsplit_backwards == 1:
+                logger.warning(
+                    f"pipeline.schedule zb-h1: stage {self.stage_id}'s backward cannot be split "
+                    f"into input- and weight-gradient passes: {plan}. It runs whole, so this "
+                    "stage gets 1F1B's bubble (engine.unsplit_backwards counts them)"
+                )
+            self._backward_whole(c, b, boundary=False, roots=(outs, grads))
+            return
+        self._weight_passes[(c, b)] = plan
         with self.timers.phase("backward"):
-            if self._is_last(c):
-                scaled = self._outputs.pop((c, b)).float() / self.micro_batches
-                if self.loss_scaler is not None:
-                    scaled = scaled * self.loss_scaler.loss_scale
-                scaled.backward()
-            else:
-                outs = [o for o in _as_tuple(self._outputs.pop((c, b))) if o.requires_grad]
-                grads = self._grads_in.pop(c)
-                if len(outs) != len(grads):
-                    raise RuntimeError(
-                        f"stage {self.stage_id}: {len(outs)} outputs need gradients but the "
-                        f"next stage sent {len(grads)}"
-                    )
-                torch.autograd.backward(outs, grad_tensors=list(grads))
+            self._keep_input_grads(c, b, ins, plan.input_pass())
+
+    def _exec_backward_weight_pass(self, cmd: sch.BackwardWeightPass) -> None:
+        plan = self._weight_passes.pop(self._key(cmd))
+        self._backwards_left -= 1
+        boundary = self._backwards_left == 0
+        if plan is None and not boundary:
+            return  # B ran the whole backward
+        self.strategy.begin_backward(boundary)
+        with self.timers.phase("backward"):
+            if plan is not None:
+                plan.weight_pass()
             self.strategy.end_backward()
-        if not self._is_first(c):
-            ins = [t for t in _as_tuple(self._inputs[(c, b)]) if t.requires_grad]
-            self._input_grads[(c, b)] = tuple(
-                t.grad if t.grad is not None else torch.zeros_like(t) for t in ins
-            )
 
     def _exec_send_grads(self, cmd: sch.SendGrad) -> None:
         key = self._key(cmd)
-        self._grad_out[key[0]].send(self._input_grads.pop(key))
+        grads = self._input_grads.pop(key, None)
+        if grads is None:
+            raise PipelineError(
+                f"stage {self.stage_id} got no input that requires a gradient, so it has "
+                f"none to send back to stage {self.stage_id - 1}: that stage's output does "
+                "not depend on its parameters. Reentrant activation checkpointing does that "
+                "to layers whose inputs need no gradient (token ids): use the default "
+                "activation_checkpoint_func (use_reentrant=False), or checkpointable_layers "
+                "to leave such layers out"
+            )
+        self._grad_out[key[0]].send(grads)
         self._inputs.pop(key, None)
 
     def _exec_reduce_tied_grads(self, cmd: sch.ReduceTiedGrads) -> None:

@@ -6,7 +6,8 @@ yields lists of instructions. 1F1B (TrainSchedule): stage s runs min(stages - s 
 forwards to fill the pipe, then alternates one forward and one backward, then drains the
 remaining backwards; at most stages - s micro-batches are in flight, which bounds the
 activations a stage keeps. Sends never block ([Note: pipeline p2p]), so a stream that is
-valid when simulated in one process cannot deadlock.
+valid when simulated in one process cannot deadlock. ZeroBubbleH1Schedule splits each
+backward in two to fill the bubble; InterleavedTrainSchedule gives each rank several chunks.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ class ForwardPass(BufferOpInstruction):
 
 class BackwardPass(BufferOpInstruction):
     pass
+
+
+class BackwardInputPass(BufferOpInstruction):
+    """B of a split backward (zero-bubble schedules): the stage inputs' gradients only."""
+
+
+class BackwardWeightPass(BufferOpInstruction):
+    """W of a split backward: the weight gradients of a micro-batch whose B ran."""
 
 
 class SendActivation(BufferOpInstruction):
@@ -133,11 +142,14 @@ def forward_cmds(buf: int, first: bool, last: bool, **chunk: int) -> list[PipeIn
     return cmds
 
 
-def backward_cmds(buf: int, first: bool, last: bool, **chunk: int) -> list[PipeInstruction]:
+def backward_cmds(
+    buf: int, first: bool, last: bool, split: bool = False, **chunk: int
+) -> list[PipeInstruction]:
+    """One micro-batch's backward (its B alone when `split`): receive, run, send back."""
     cmds: list[PipeInstruction] = []
     if not last:
         cmds.append(RecvGrad(buf, **chunk))
-    cmds.append(BackwardPass(buf, **chunk))
+    cmds.append(BackwardInputPass(buf, **chunk) if split else BackwardPass(buf, **chunk))
     if not first:
         cmds.append(SendGrad(buf, **chunk))
     return cmds
@@ -164,6 +176,50 @@ class TrainSchedule(PipeSchedule):
     def steps(self) -> Iterator[list[PipeInstruction]]:
         for kind, mb in self.order():
             yield self._forward(mb) if kind == "F" else self._backward(mb)
+        yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]
+
+
+class ZeroBubbleH1Schedule(TrainSchedule):
+    """ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism"): each backward is split into B
+    (input gradients, which the previous stage waits for) and W (weight gradients, which
+    nobody waits for). Stage s starts its W passes s micro-batches late, so that every stage
+    holds at most `stages` micro-batches, as stage 0 of 1F1B does, and the W passes it has
+    put off fill the waits of the drain. With F = B = W the idle time is a third of 1F1B's:
+    (p-1)*F per stage instead of (p-1)*(F+B+W)."""
+
+    def num_pipe_buffers(self) -> int:
+        return max(1, min(self.stages, self.micro_batches))
+
+    def order(self) -> list[tuple[str, int]]:
+        """("F" | "B" | "W", micro-batch) in execution order."""
+        m, s = self.micro_batches, self.stage_id
+        warmup = min(self.stages - s - 1, m)
+        seq = [("F", i) for i in range(warmup)]
+        f, b, w = warmup, 0, 0
+        while f < m:
+            seq += [("F", f), ("B", b)]
+            f, b = f + 1, b + 1
+            if b - w > s:
+                seq.append(("W", w))
+                w += 1
+        while b < m:  # the drain: a put-off W after each B
+            seq.append(("B", b))
+            b += 1
+            if w < b:
+                seq.append(("W", w))
+                w += 1
+        seq += [("W", i) for i in range(w, m)]
+        return seq
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        n = self.num_pipe_buffers()
+        for kind, mb in self.order():
+            if kind == "F":
+                yield self._forward(mb)
+            elif kind == "B":
+                yield backward_cmds(mb % n, self.is_first_stage, self.is_last_stage, split=True)
+            else:
+                yield [BackwardWeightPass(mb % n)]
         yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]
 
 

@@ -1,5 +1,6 @@
 """Checkpoint runs for the pipeline tests (4 spawned ranks): save from 2 stages x 2 data
-ranks, resume at the same layout and at 4 stages x 1 (the global batch kept the same)."""
+ranks, resume at the same layout, at 4 stages x 1 and at 1 stage x 4 data ranks (the
+global batch kept the same)."""
 
 from __future__ import annotations
 
@@ -34,14 +35,13 @@ def _engine(stages: int, zero: int, gas: int, dtype: str) -> Any:
 
 
 def _step(engine: Any, step: int) -> float:
-    """One batch: at 2 data ranks each reads its own; at 1, it reads both ranks' batches."""
+    """One batch: the 2*GAS micro-batches of the 2-data-rank run, shared out over this
+    run's data ranks in order (at 2 each reads its own)."""
     if not engine._needs_data():
         return float(engine.train_batch(None))
-    if engine.dp_world_size == 2:
-        data = pr.batches(step, engine.dp_rank, GAS)
-    else:
-        data = pr.batches(step, 0, GAS) + pr.batches(step, 1, GAS)
-    return float(engine.train_batch(iter(data)))
+    every = pr.batches(step, 0, GAS) + pr.batches(step, 1, GAS)
+    k = len(every) // engine.dp_world_size
+    return float(engine.train_batch(iter(every[engine.dp_rank * k : (engine.dp_rank + 1) * k])))
 
 
 def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
@@ -56,11 +56,15 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     other = _engine(4, zero, 2 * GAS, dtype)
     other.load_checkpoint(where)
     moved = [_step(other, s) for s in range(2, 4)]
+    wide = _engine(1, zero, GAS // 2, dtype)  # 1 stage x 4 data ranks
+    wide.load_checkpoint(where)
+    widened = [_step(wide, s) for s in range(2, 4)]
     return {
         "losses": losses,
         "continued": cont,
         "same_layout": again,
         "four_stages": moved,
+        "four_data_ranks": widened,
         "client": client,
         "steps": (same.global_steps, other.global_steps),
         "files": sorted(p.name for p in (where / "global_step2").iterdir()),

@@ -132,7 +132,14 @@ def reference(
 
 # -- the pipeline run (in each spawned rank) --
 def pipeline_run(
-    stages: int, zero: int, dtype: str, steps: int, gas: int, tied: bool = True, chunks: int = 1
+    stages: int,
+    zero: int,
+    dtype: str,
+    steps: int,
+    gas: int,
+    tied: bool = True,
+    chunks: int = 1,
+    schedule: str | None = None,
 ) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.runtime.pipe import PipelineModule
@@ -151,6 +158,8 @@ def pipeline_run(
         "gradient_clipping": CLIP,
         "zero_optimization": {"stage": zero},
     }
+    if schedule is not None:
+        cfg["pipeline"] = {"schedule": schedule}
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
     engine, *_ = initialize(
@@ -172,13 +181,17 @@ def pipeline_run(
         "parts": module.parts,
         "losses": losses,
         "weights": weights,
+        "schedule": engine.schedule_name,
+        "unsplit": engine.unsplit_backwards,
     }
 
 
 def pipeline_cases(cases: list[tuple[Any, ...]], steps: int, gas: int) -> list[dict[str, Any]]:
     """Several configurations in one set of spawned ranks (spawning is the slow part):
-    (stages, zero stage, dtype[, model chunks per rank])."""
-    return [
-        pipeline_run(c[0], c[1], c[2], steps, gas, chunks=(c[3] if len(c) > 3 else 1))
-        for c in cases
-    ]
+    (stages, zero stage, dtype[, model chunks per rank or a pipeline.schedule name])."""
+    out = []
+    for c in cases:
+        extra = c[3] if len(c) > 3 else 1
+        chunks, schedule = (1, extra) if isinstance(extra, str) else (extra, None)
+        out.append(pipeline_run(c[0], c[1], c[2], steps, gas, chunks=chunks, schedule=schedule))
+    return out

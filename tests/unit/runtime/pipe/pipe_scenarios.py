@@ -74,10 +74,28 @@ def checkpointed() -> dict[str, Any]:
     return {"losses": _train(engine, 3)}
 
 
-def fp16(power: int = 8) -> dict[str, Any]:
-    engine = _engine(_module(), fp16={"enabled": True, "initial_scale_power": power})
+def fp16(power: int = 8, **extra: Any) -> dict[str, Any]:
+    engine = _engine(_module(), fp16={"enabled": True, "initial_scale_power": power}, **extra)
     losses = _train(engine, 3)
     return {"losses": losses, "scale": engine.loss_scale, "skipped": engine.skipped_steps}
+
+
+def _reentrant(function: Any, *args: Any) -> Any:
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(function, *args, use_reentrant=True)
+
+
+def zero_bubble(checkpoint_func: Any = None) -> dict[str, Any]:
+    """ZB-H1 with activation checkpointing: non-reentrant splits; reentrant runs whole."""
+    kw: dict[str, Any] = {}
+    if checkpoint_func is not None:  # not the embedding: token ids need no gradient
+        kw = {"activation_checkpoint_func": checkpoint_func, "checkpointable_layers": ["Block"]}
+    engine = _engine(
+        _module(activation_checkpoint_interval=1, **kw), gas=4, pipeline={"schedule": "zb-h1"}
+    )
+    losses = _train(engine, 3, gas=4)
+    return {"losses": losses, "schedule": engine.schedule_name, "unsplit": engine.unsplit_backwards}
 
 
 # -- an nn.Sequential passing (activations, mask) tuples, cut by the config key --
@@ -196,18 +214,30 @@ def missing_loss_fn() -> dict[str, Any]:
     return _expect_failure(lambda: _train(engine, 1))
 
 
+def detached_stage() -> dict[str, Any]:
+    """Reentrant checkpointing of the embedding: stage 0's output needs no gradient."""
+    engine = _engine(
+        _module(activation_checkpoint_interval=1, activation_checkpoint_func=_reentrant)
+    )
+    return _expect_failure(lambda: _train(engine, 1))
+
+
 SCENARIOS = {
     "eval": eval_after_training,
     "interleaved": interleaved,
     "checkpointed": checkpointed,
     "fp16": fp16,
     "fp16_overflow": lambda: fp16(30),
+    "zb_fp16": lambda: fp16(8, pipeline={"schedule": "zb-h1"}),
+    "zb_checkpointed": zero_bubble,
+    "zb_reentrant": lambda: zero_bubble(_reentrant),
     "config_key": config_key,
     "dynamic": dynamic_shapes,
     "shape_change": shape_change,
     "missing_iterator": missing_iterator,
     "iterator_lost_later": iterator_lost_later,
     "missing_loss_fn": missing_loss_fn,
+    "detached_stage": detached_stage,
 }
 
 

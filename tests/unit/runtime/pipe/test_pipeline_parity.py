@@ -25,6 +25,9 @@ CASES = [
     (2, 1, "fp32", 2),  # interleaved: 2 model chunks per rank (4 virtual stages)
     (2, 0, "fp32", 3),
     (2, 2, "bf16", 2),
+    (2, 0, "fp32", "zb-h1"),  # zero bubble: backward split into B and W
+    (4, 2, "fp32", "zb-h1"),
+    (4, 1, "bf16", "zb-h1"),
 ]
 
 
@@ -40,7 +43,12 @@ def _ref_name(name: str) -> str:
 
 
 def _id(c: tuple) -> str:
-    return f"pp{c[0]}-zero{c[1]}-{c[2]}" + (f"-v{c[3]}" if len(c) > 3 else "")
+    extra = "" if len(c) < 4 else f"-{c[3]}" if isinstance(c[3], str) else f"-v{c[3]}"
+    return f"pp{c[0]}-zero{c[1]}-{c[2]}" + extra
+
+
+def _chunks(c: tuple) -> int:
+    return c[3] if len(c) > 3 and isinstance(c[3], int) else 1
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[_id(c) for c in CASES])
@@ -56,7 +64,10 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), **tol)
     seen = set()
     for r in per_rank:
-        assert len(r["parts"]) == stages * (CASES[case][3] if len(CASES[case]) > 3 else 1) + 1
+        assert len(r["parts"]) == stages * _chunks(CASES[case]) + 1
+        want = CASES[case][3] if len(CASES[case]) > 3 and isinstance(CASES[case][3], str) else None
+        if want is not None:
+            assert (r["schedule"], r["unsplit"]) == (want, 0)  # every backward was split
         for name, w in r["weights"].items():
             torch.testing.assert_close(w, ref_weights[_ref_name(name)], **tol, msg=name)
             seen.add(_ref_name(name))

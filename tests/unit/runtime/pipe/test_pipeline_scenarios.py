@@ -73,6 +73,19 @@ def test_fp16_stages_skip_and_scale_together(runs: list[dict]) -> None:
     assert a["losses"] == b["losses"]
 
 
+def test_zero_bubble_fp16_and_activation_checkpointing(runs: list[dict]) -> None:
+    ref = pr.reference(3, 2, 1)
+    ref4 = pr.reference(3, 4, 1)
+    for r in runs:
+        assert r["zb_fp16"]["skipped"] == 0
+        close(r["zb_fp16"]["losses"], ref["losses"], tol=2e-2)
+        for name in ("zb_checkpointed", "zb_reentrant"):
+            assert r[name]["schedule"] == "zb-h1"
+            close(r[name]["losses"], ref4["losses"])
+        assert r["zb_checkpointed"]["unsplit"] == 0  # non-reentrant recompute splits
+        assert r["zb_reentrant"]["unsplit"] == 3 * 4  # reentrant runs whole, still right
+
+
 def test_config_key_cuts_a_sequential_passing_int_masks(runs: list[dict]) -> None:
     ref = ps.sequential_reference(3, 2)
     for r in runs:
@@ -109,4 +122,10 @@ def test_iterator_missing_later_fails_on_both_stages(runs: list[dict]) -> None:
 def test_missing_loss_fn(runs: list[dict]) -> None:
     last, first = runs[1]["missing_loss_fn"], runs[0]["missing_loss_fn"]
     assert last["error"] == "ValueError" and "loss_fn=" in last["message"]
+    assert first["error"] == "PipeAborted"
+
+
+def test_a_stage_with_no_gradient_to_send_says_why(runs: list[dict]) -> None:
+    last, first = runs[1]["detached_stage"], runs[0]["detached_stage"]
+    assert last["error"] == "PipelineError" and "use_reentrant=False" in last["message"]
     assert first["error"] == "PipeAborted"

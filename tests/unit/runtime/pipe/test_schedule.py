@@ -18,8 +18,9 @@ def simulate(make: type, m: int, p: int) -> list[list[tuple[str, int]]]:
     links: dict[tuple[str, int], deque[int]] = {}  # (kind, receiving stage) -> micro-batches
     fwd = [0] * p
     bwd = [0] * p
+    wgt = [0] * p
     done: list[list[tuple[str, int]]] = [[] for _ in range(p)]
-    live = [0] * p  # activations held (forwarded, not yet backwarded)
+    live = [0] * p  # activations held (forwarded, weight gradients not yet computed)
     while any(pc[s] < len(streams[s]) for s in range(p)):
         progressed = False
         for s in range(p):
@@ -47,9 +48,17 @@ def simulate(make: type, m: int, p: int) -> list[list[tuple[str, int]]]:
                         live[s] -= 1
                 elif isinstance(cmd, sch.SendActivation):
                     links.setdefault(("act", s + 1), deque()).append(fwd[s] - 1)
-                elif isinstance(cmd, sch.BackwardPass):
+                elif isinstance(cmd, (sch.BackwardPass, sch.BackwardInputPass)):
                     done[s].append(("B", bwd[s]))
+                    assert cmd.buffer_id == bwd[s] % make(m, p, s).num_pipe_buffers()
                     bwd[s] += 1
+                    if isinstance(cmd, sch.BackwardPass):
+                        live[s] -= 1
+                elif isinstance(cmd, sch.BackwardWeightPass):
+                    assert wgt[s] < bwd[s], "W before its B"
+                    assert cmd.buffer_id == wgt[s] % make(m, p, s).num_pipe_buffers()
+                    done[s].append(("W", wgt[s]))
+                    wgt[s] += 1
                     live[s] -= 1
                 elif isinstance(cmd, sch.SendGrad):
                     links.setdefault(("grad", s - 1), deque()).append(bwd[s] - 1)
@@ -71,6 +80,53 @@ def test_train_schedule_runs_every_micro_batch_once_without_deadlock(m: int, p: 
         assert [k for k, _ in done[s][:warmup]] == ["F"] * warmup  # then 1F1B
         last = list(sch.TrainSchedule(m, p, s).steps())[-1]
         assert last == [sch.ReduceTiedGrads(), sch.ReduceGrads(), sch.OptimizerStep()]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 8, 16])
+def test_zero_bubble_h1_schedule(m: int, p: int) -> None:
+    done = simulate(sch.ZeroBubbleH1Schedule, m, p)
+    for s in range(p):
+        for kind in "FBW":
+            assert [i for k, i in done[s] if k == kind] == list(range(m))
+        # every stage holds at most p micro-batches, as stage 0 of 1F1B does
+        assert sch.ZeroBubbleH1Schedule(m, p, s).num_pipe_buffers() == min(p, m)
+
+
+def timed(orders: list[list[tuple[str, int]]], cost: dict[str, float]) -> float:
+    """Makespan of per-stage (kind, micro-batch) orders: F waits for the previous stage's F,
+    B for this stage's F and the next stage's B, W for this stage's B; transfers are free."""
+    p = len(orders)
+    end: dict[tuple[str, int, int], float] = {}
+    clock, pc = [0.0] * p, [0] * p
+    while any(pc[s] < len(orders[s]) for s in range(p)):
+        moved = False
+        for s in range(p):
+            while pc[s] < len(orders[s]):
+                kind, mb = orders[s][pc[s]]
+                deps = {"F": [("F", mb, s - 1)] if s else [], "W": [("B", mb, s)]}.get(
+                    kind, [("F", mb, s)] + ([("B", mb, s + 1)] if s < p - 1 else [])
+                )
+                if any(d not in end for d in deps):
+                    break
+                clock[s] = max([clock[s]] + [end[d] for d in deps]) + cost[kind]
+                end[(kind, mb, s)] = clock[s]
+                pc[s] += 1
+                moved = True
+        assert moved, "deadlock"
+    return max(clock)
+
+
+@pytest.mark.parametrize("m", [4, 8, 16])
+def test_zero_bubble_h1_idles_a_third_of_1f1b(m: int) -> None:
+    """With F = B = W, 1F1B idles (p-1)*(F+B+W) per stage and ZB-H1 (p-1)*F."""
+    p = 4
+    fused = timed([sch.TrainSchedule(m, p, s).order() for s in range(p)], {"F": 1, "B": 2})
+    split = timed(
+        [sch.ZeroBubbleH1Schedule(m, p, s).order() for s in range(p)], {"F": 1, "B": 1, "W": 1}
+    )
+    assert fused - 3 * m == 3 * (p - 1)
+    assert split - 3 * m == p - 1
 
 
 @pytest.mark.parametrize("p", [1, 2, 4])
