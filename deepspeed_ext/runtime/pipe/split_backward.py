@@ -35,8 +35,9 @@ class WeightGradPass:
     def run(self) -> None:
         groups, self._groups = self._groups, []
         for edges, grads, params in groups:
-            # the join nodes' graph is shared between groups: keep it until the last one
-            torch.autograd.backward(edges, grads, inputs=params, retain_graph=True)
+            if edges:  # no gradient reached this group's joins: its weights get none
+                # the join nodes' graph is shared between groups: keep it until the last
+                torch.autograd.backward(edges, grads, inputs=params, retain_graph=True)
 
 
 def _graph(roots: list[Node], inputs: set[Node]) -> tuple[dict[Node, list[Node]], set[Node]]:
