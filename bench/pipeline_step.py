@@ -10,7 +10,8 @@ Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per
   emulated  each stage one layer that sleeps F = 20 ms forward, B = 20 ms for the input
             gradient and W = 20 ms for the weight gradient: fixed-time compute that does not
             compete for the 2 cores, so the bubble is the schedule's: 1 - m*(F+B+W)/step_time
-            (the optimizer step on 768 params is ~0); ours also zero bubble (ZB-H1: B and W
+            with F+B+W as the worker times one micro-batch of its layer (sleeps overshoot:
+            ~61.7 ms, not 60) (the optimizer step on 768 params is ~0); ours also zero bubble (ZB-H1: B and W
             in passes of their own), whose idle time m*(F+B+W) short of the step time is
             compared with ours 1F1B's (theory: a third);
             ours also interleaved: 2 chunks per rank of F/2 and B/2 each (the same work per
@@ -118,7 +119,11 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
         if c.results and not c.skipped:
             e["median_step_s"] = median(e["step_s_per_round"])
             if c.mode == "emulated":
-                ideal = c.m * 3 * F_MS / 1000.0
+                # the emulated compute as timed by the worker (F + B + W of ~60 ms each
+                # micro-batch, a little more: sleeps overshoot)
+                per_mb = [r.get("compute_ms_per_micro_batch") or 3 * F_MS for r in c.results]
+                e["compute_ms_per_micro_batch"] = median(per_mb)
+                ideal = c.m * e["compute_ms_per_micro_batch"] / 1000.0
                 e["bubble"] = 1.0 - ideal / e["median_step_s"]
                 e["idle_s"] = e["median_step_s"] - ideal
                 e["bubble_formula"] = bubble_formula(c.m, STAGES, c.chunks)

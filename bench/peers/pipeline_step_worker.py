@@ -149,6 +149,22 @@ def _layers(args: argparse.Namespace) -> tuple[list[Any], Any]:
     return layers, loss_fn
 
 
+def _emulated_compute_ms(args: argparse.Namespace, layer: Any) -> float:
+    """What one micro-batch's forward and backward take on one rank (its chunks' layers),
+    timed in this process: the emulated compute's real length (a sleep overshoots, and the
+    autograd calls around it cost a little), the ideal a bubble is measured against."""
+    import torch
+
+    times = []
+    for _ in range(5):
+        x = torch.randn(args.micro_batch, args.d_model)
+        t0 = time.perf_counter()
+        layer(x).sum().backward()
+        times.append(time.perf_counter() - t0)
+    layer.zero_grad(set_to_none=True)
+    return sorted(times)[2] * 1000.0 * args.chunks
+
+
 def _batches(args: argparse.Namespace) -> list[list[tuple[Any, Any]]]:
     import torch
 
@@ -236,6 +252,7 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     layers, loss_fn = _layers(args)
     params = sum(p.numel() for layer in layers for p in layer.parameters())
+    compute_ms = _emulated_compute_ms(args, layers[0]) if args.mode == "emulated" else None
     data = _batches(args)
     step = (_torch_step if args.impl == "torch" else _ds_step)(args, layers, loss_fn)
     for mbs in data[: args.warmup]:
@@ -259,6 +276,7 @@ def main() -> int:
             "steps_per_s": 1.0 / dt,
             "last_loss_rank0": loss,
             "threads": torch.get_num_threads(),
+            "compute_ms_per_micro_batch": compute_ms,
         }
         print(RESULT_TAG + json.dumps(result), flush=True)
     dist.barrier()
