@@ -11,9 +11,9 @@ Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per
             gradient and W = 20 ms for the weight gradient: fixed-time compute that does not
             compete for the 2 cores, so the bubble is the schedule's: 1 - m*(F+B+W)/step_time
             with F+B+W as the worker times one micro-batch of its layer (sleeps overshoot:
-            ~61.7 ms, not 60) (the optimizer step on 768 params is ~0); ours also zero bubble (ZB-H1: B and W
-            in passes of their own), whose idle time m*(F+B+W) short of the step time is
-            compared with ours 1F1B's (theory: a third);
+            ~61.7 ms, not 60; the optimizer step on 768 params is ~0); ours also zero
+            bubble (ZB-H1: B and W in passes of their own), whose idle time (the step time
+            less m*(F+B+W)) is compared with ours 1F1B's (theory: a third);
             ours also interleaved: 2 chunks per rank of F/2 and B/2 each (the same work per
             rank), against (p-1)/(v*m+p-1)
 for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2

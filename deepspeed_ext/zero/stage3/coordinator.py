@@ -6,11 +6,12 @@ One micro-step (a forward and its backward) gathers modules in an order that is 
 every micro-step for a static graph. The first micro-step records it (the trace); later ones
 walk it with a cursor. After each fetch, the parameters of the next modules in the trace are
 gathered asynchronously, up to stage3_prefetch_bucket_size elements ahead and never past
-stage3_max_live_parameters gathered at once. A module's parameters are kept after its forward
-when the trace says they return within stage3_max_reuse_distance elements of gathers. A fetch
-that departs from the trace stops prefetching for the rest of the micro-step, and the new
-order becomes the trace. Every rank makes the same decisions from the same trace, so the
-collectives stay paired.
+stage3_max_live_parameters gathered at once; shards offloaded to NVMe beyond that window
+start reading into offload_param's buffer_count buffers. A module's parameters are kept
+after its forward when the trace says they return within stage3_max_reuse_distance
+elements of gathers. A fetch that departs from the trace stops prefetching for the rest of
+the micro-step, and the new order becomes the trace. Every rank makes the same decisions
+from the same trace, so the collectives stay paired.
 
 [Note: stage-3 order check]
 At the first gather of each forward and of each backward, every rank contributes (gather
@@ -156,6 +157,19 @@ class GatherCoordinator:
         self.ahead = i
         if batch:
             gather_params(batch, wait=False)
+        self._read_ahead(i)
+
+    def _read_ahead(self, start: int) -> None:
+        """NVMe-offloaded shards of the modules after the gather window start reading now,
+        into offload_param's buffers, so that their gathers find them in memory."""
+        assert self.trace is not None
+        for index in self.trace[start:]:
+            for p in self.params[index]:
+                swap = p.ds_swap
+                if swap is None or p.ds_status is not ZeroParamStatus.NOT_AVAILABLE:
+                    continue
+                if not swap.read_ahead(p):
+                    return  # no buffer free
 
     def keep_after_forward(self, index: int) -> bool:
         """Whether the trace brings this module back within the reuse distance."""

@@ -90,7 +90,14 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
         shared = [p for p in group if p.ds_numel < LONE_NUMEL]
         for batch in [[p] for p in lone] + ([shared] if shared else []):
             device = batch[0].ds_device
-            send = torch.cat([read_shard(p).to(device, non_blocking=True) for p in batch])
+            # a shard read from NVMe sits in a read-ahead buffer that is reused once
+            # released: copied off it synchronously
+            send = torch.cat(
+                [read_shard(p).to(device, non_blocking=p.ds_swap is None) for p in batch]
+            )
+            for p in batch:
+                if p.ds_swap is not None:
+                    p.ds_swap.release(p)
             if len(batch) == 1:  # straight into the parameter's own buffer
                 ensure_storage(batch[0])
                 recv = batch[0].ds_flat

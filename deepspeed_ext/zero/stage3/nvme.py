@@ -26,11 +26,51 @@ from deepspeed_ext.zero.offload.nvme import NVMeSwapper
 from .param import write_shard
 
 
-class ParamSwap:
-    """A parameter shard's home on NVMe (see [Note: stage-3 NVMe offload])."""
+class ShardPool:
+    """offload_param's buffer_count buffers of at most buffer_size elements: page-aligned,
+    locked host memory the read-ahead reads shards into, reused across steps. A buffer is
+    allocated at its first use, sized to the largest swapped shard (not to buffer_size,
+    which only caps it)."""
 
-    def __init__(self, swapper: NVMeSwapper) -> None:
+    def __init__(self, swapper: NVMeSwapper, count: int, numel: int) -> None:
+        self.swapper, self.count, self.numel = swapper, count, numel
+        self._bufs: list[torch.Tensor] = []  # uint8, allocated lazily
+        self._free: list[int] = []
+        self.nbytes = 0  # bytes per buffer, set by size_for()
+
+    def size_for(self, shards: list[Any]) -> None:
+        self.nbytes = max((p.ds_shard_numel * p.element_size() for p in shards), default=0)
+
+    def take(self) -> int | None:
+        if self._free:
+            return self._free.pop()
+        if len(self._bufs) < self.count and self.nbytes:
+            handle = self.swapper._handle
+            align = handle.get_alignment()
+            size = -(-self.nbytes // align) * align
+            self._bufs.append(handle.new_cpu_locked_tensor(size, torch.empty(0, dtype=torch.uint8)))
+            return len(self._bufs) - 1
+        return None
+
+    def view(self, i: int, p: Any) -> torch.Tensor:
+        n = p.ds_shard_numel * p.element_size()
+        return self._bufs[i][:n].view(p.dtype)
+
+    def give(self, i: int) -> None:
+        self._free.append(i)
+
+
+class ParamSwap:
+    """A parameter shard's home on NVMe (see [Note: stage-3 NVMe offload]). With a pool,
+    read_ahead() starts reading shards the gathers will want next, so the reads overlap
+    compute; fetch() then hands out the pool buffer, which release() returns."""
+
+    def __init__(self, swapper: NVMeSwapper, pool: ShardPool | None = None) -> None:
         self.swapper = swapper
+        self.pool = pool
+        self._ahead: dict[int, int] = {}  # id(param) -> pool buffer being read into
+        self._lent: dict[int, int] = {}  # id(param) -> pool buffer fetch() handed out
+        self.stats = {"read_ahead": 0, "fetched_ahead": 0, "fetched_cold": 0}
 
     @staticmethod
     def _key(p: Any) -> str:
@@ -41,27 +81,79 @@ class ParamSwap:
         p.ds_tensor = torch.empty(0, dtype=p.ds_tensor.dtype)
         p.ds_swap = self
 
+    def read_ahead(self, p: Any) -> bool:
+        """Start reading p's shard into a pool buffer; False when no buffer is free."""
+        if id(p) in self._ahead or id(p) in self._lent:
+            return True
+        i = self.pool.take() if self.pool is not None else None
+        if i is None:
+            return False
+        assert self.pool is not None
+        self.swapper.swap_in(self._key(p), self.pool.view(i, p), async_op=True)
+        self._ahead[id(p)] = i
+        self.stats["read_ahead"] += 1
+        return True
+
     def fetch(self, p: Any) -> torch.Tensor:
+        i = self._ahead.pop(id(p), None)
+        if i is not None and self.pool is not None:
+            self.swapper.wait()
+            self._lent[id(p)] = i
+            self.stats["fetched_ahead"] += 1
+            return self.pool.view(i, p)
         out = torch.empty(p.ds_shard_numel, dtype=p.dtype)
         self.swapper.swap_in(self._key(p), out)
+        self.stats["fetched_cold"] += 1
         return out
 
+    def release(self, p: Any) -> None:
+        """The caller of fetch() is done with the shard: its pool buffer may be reused."""
+        i = self._lent.pop(id(p), None)
+        if i is not None and self.pool is not None:
+            self.pool.give(i)
+
     def store(self, p: Any, value: torch.Tensor) -> None:
+        i = self._ahead.pop(id(p), None)  # a read-ahead of the old value is stale now
+        if i is not None and self.pool is not None:
+            self.swapper.wait()
+            self.pool.give(i)
         self.swapper.swap_out(self._key(p), value.contiguous())
 
 
-def offload_params(params: list[Any], swapper: NVMeSwapper, max_in_cpu: int) -> int:
-    """Swap out the shards past the first max_in_cpu elements; returns how many went."""
-    swap, kept, moved = ParamSwap(swapper), 0, 0
+def offload_params(
+    params: list[Any],
+    swapper: NVMeSwapper,
+    max_in_cpu: int,
+    buffer_count: int = 0,
+    buffer_size: int = 0,
+) -> int:
+    """Swap out the shards past the first max_in_cpu elements; returns how many went.
+    buffer_count > 0 gives the read-ahead a pool of that many buffers of at most
+    buffer_size elements each (offload_param.buffer_count / buffer_size)."""
+    moving, kept = [], 0
     for p in params:
         if p.ds_persist or p.ds_swap is not None:
             continue
         if kept + p.ds_shard_numel <= max_in_cpu:
             kept += p.ds_shard_numel
             continue
+        moving.append(p)
+    pool = None
+    if buffer_count > 0 and moving:
+        biggest = max(moving, key=lambda p: p.ds_shard_numel)
+        if biggest.ds_shard_numel > buffer_size:
+            n = biggest.ds_shard_numel
+            raise ValueError(
+                f"zero_optimization.offload_param.buffer_size={buffer_size} elements is "
+                f"smaller than the largest parameter shard swapped to NVMe ({n} elements): "
+                f"raise it to at least {n}"
+            )
+        pool = ShardPool(swapper, buffer_count, buffer_size)
+        pool.size_for(moving)
+    swap = ParamSwap(swapper, pool)
+    for p in moving:
         swap.attach(p)
-        moved += 1
-    return moved
+    return len(moving)
 
 
 class OptimizerSwap:

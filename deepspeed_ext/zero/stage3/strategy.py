@@ -45,6 +45,8 @@ class Stage3Options:
         self.param_offload = str(off.device) if off is not None else "none"
         self.param_nvme_path = getattr(off, "nvme_path", None)
         self.max_in_cpu = int(getattr(off, "max_in_cpu", 0))
+        self.buffer_count = int(getattr(off, "buffer_count", 0))
+        self.buffer_size = int(getattr(off, "buffer_size", 0))
         self.pin_memory = bool(getattr(off, "pin_memory", False))
         opt = zero_cfg.offload_optimizer
         self.optimizer_offload = str(opt.device) if opt is not None else "none"
@@ -154,7 +156,10 @@ class Stage3Strategy:
         from .nvme import offload_params
 
         swapper = self._swapper(self.options.param_nvme_path, "params")
-        offload_params(list(self.module.parameters()), swapper, self.options.max_in_cpu)
+        o = self.options
+        offload_params(
+            list(self.module.parameters()), swapper, o.max_in_cpu, o.buffer_count, o.buffer_size
+        )
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """With offload_optimizer nvme, the masters and their states go to swap files."""

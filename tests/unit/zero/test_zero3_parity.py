@@ -99,8 +99,35 @@ def test_nvme_param_and_optimizer_offload_match_stage0(tmp_path):
         offload_param={"device": "nvme", "nvme_path": str(tmp_path), "max_in_cpu": 0},
         offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path)},
         sub_group_size=500,
+        stage3_prefetch_bucket_size=100,
     )
     got = run_ranks(train, 2, 3, 4, 2, nvme)
     _assert_same(got, ref, atol=2e-6, rtol=1e-5)
     assert got[0]["swapped"]["params"] > 0 and got[0]["swapped"]["optimizer_bytes"] > 0
+    # offload_param's default 5 buffers: shards beyond the gather window (one module's worth
+    # here) are read ahead, and their gathers find them read
+    assert got[0]["swapped"]["fetched_ahead"] > 0, got[0]["swapped"]
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
+
+
+def test_nvme_without_read_ahead_buffers_matches_stage0(tmp_path):
+    """offload_param.buffer_count 0: every shard is read when its gather wants it."""
+    ref = stage0(2)
+    off = {"device": "nvme", "nvme_path": str(tmp_path), "max_in_cpu": 0, "buffer_count": 0}
+    got = run_ranks(train, 2, 3, 4, 2, z3(offload_param=off))
+    _assert_same(got, ref, atol=2e-6, rtol=1e-5)
+    assert got[0]["swapped"]["read_ahead"] == 0 and got[0]["swapped"]["params"] > 0
+
+
+def _too_small_buffers(path: str) -> str:
+    off = {"device": "nvme", "nvme_path": path, "max_in_cpu": 0, "buffer_size": 10}
+    try:
+        train(3, 1, 1, z3(offload_param=off))
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_nvme_buffers_smaller_than_a_shard_are_refused_by_name(tmp_path):
+    msg = run_ranks(_too_small_buffers, 1, str(tmp_path))[0]
+    assert "offload_param.buffer_size=10" in msg and "raise it to at least" in msg, msg

@@ -89,9 +89,11 @@ def train(
         if torch.is_tensor(t)
     )
     opt_swap = getattr(engine.strategy, "optimizer_swap", None)
+    swaps = {id(p.ds_swap): p.ds_swap for p in model.parameters() if getattr(p, "ds_swap", None)}
     swapped = {
         "params": sum(getattr(p, "ds_swap", None) is not None for p in model.parameters()),
         "optimizer_bytes": opt_swap.swapper.nbytes_on_disk() if opt_swap else 0,
+        **{k: sum(sw.stats[k] for sw in swaps.values()) for k in ("read_ahead", "fetched_ahead")},
     }
     engine.destroy()
     return {
