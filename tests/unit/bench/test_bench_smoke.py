@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("aio.py", ["--smoke", "--dir", "{tmp}"], "aio_smoke.json"),  # ~2 s
         ("exit_soak.py", ["--smoke"], "exit_soak_smoke.json"),  # two 2-rank jobs, ~20 s
         ("pipeline_step.py", ["--smoke"], "pipeline_step_smoke.json"),  # two 4-rank jobs, ~20 s
+        ("zero3_nvme.py", ["--smoke"], "zero3_nvme_smoke.json"),  # three 2-rank jobs, ~30 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -85,6 +86,13 @@ def test_bench_smoke(script, args, result, tmp_path):
             assert entry["median_step_s"] > 0, entry
             assert 0 < entry["bubble"] < 1, entry
         assert data["ours_speedup"]["emulated m=4 vs torch"] > 0, data["ours_speedup"]
+        zb = data["contenders"]["ours zb-h1 emulated m=4"]
+        assert 0 < zb["idle_vs_1f1b"] < 1, zb  # the zero-bubble schedule idles less
+        assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
+    elif result == "zero3_nvme_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        assert set(data["step_s"]) == {"ours cpu offload", "ours nvme", "ours nvme, no read-ahead"}
+        assert data["ratios"]["nvme_over_cpu_offload_step_time"] > 0, data["ratios"]
         assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())

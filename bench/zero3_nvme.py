@@ -1,0 +1,109 @@
+"""Benchmark: ZeRO-3 NVMe offload against CPU offload, ours only (2 CPU ranks, fp32).
+
+Workload and jobs as bench/zero3_step.py (the 48M GPT, micro-batch 1 per rank, AdamW), all
+three on its partitioned config (every parameter released after use, one block of gathers
+prefetched), so that parameter shards are read back during the step:
+  cpu offload            offload_param + offload_optimizer {device: cpu}
+  nvme                   both {device: nvme} under a fresh directory of this machine's disk
+                         (max_in_cpu 0: every shard on disk); offload_param's default 5
+                         buffers read shards ahead of their gathers
+  nvme, no read-ahead    the same with offload_param.buffer_count 0: each shard read when
+                         its gather wants it
+Goal (issue): the NVMe step within 1.3x of the CPU-offload step; the read-ahead's gain is
+the 'overlap' (no read-ahead step time over the read-ahead one). Contenders alternate over
+--rounds rounds; medians.
+
+    python bench/zero3_nvme.py            # -> bench/results/zero3_nvme.json (~5 min)
+    python bench/zero3_nvme.py --smoke    # tiny model, one round
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import zero3_step as z3
+import zero_step as zs
+from common import busy_warning, machine_info, print_table
+from ddp_step import finish, reap, run_rounds
+
+TARGET = 1.3  # NVMe step time over the CPU-offload step time, at most
+
+
+def configs(nvme_dir: str) -> dict[str, dict[str, Any]]:
+    nvme = {"device": "nvme", "nvme_path": nvme_dir}
+    return {
+        "cpu offload": {"offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}},
+        "nvme": {"offload_param": {**nvme, "max_in_cpu": 0}, "offload_optimizer": nvme},
+        "nvme, no read-ahead": {
+            "offload_param": {**nvme, "max_in_cpu": 0, "buffer_count": 0},
+            "offload_optimizer": nvme,
+        },
+    }
+
+
+def main() -> int:
+    args = z3.parse_args()
+    warning = busy_warning()
+    t0 = time.perf_counter()
+    run_id = f"zero3nvme-{uuid.uuid4().hex[:12]}"
+    nvme_dir = tempfile.mkdtemp(prefix="ds_bench_nvme_")
+    contenders: dict[str, z3.Zero3Contender] = {}
+    for name, extra in configs(nvme_dir).items():
+        z3.CONFIGS[name] = ({**z3.PARTITIONED, **extra}, False)
+        c = z3.Zero3Contender("ours", name, args, run_id)
+        contenders[c.name] = c
+    try:
+        run_rounds(contenders, args.rounds, dict, t0)
+    finally:
+        leftover = reap(run_id)
+        shutil.rmtree(nvme_dir, ignore_errors=True)
+    per = zs.summarize(contenders, args)["contenders"]
+    step = {n: 1.0 / e["median_steps_per_s"] for n, e in per.items() if "median_steps_per_s" in e}
+    ratios = {}
+    cpu, nv, cold = (step.get(f"ours {k}") for k in ("cpu offload", "nvme", "nvme, no read-ahead"))
+    if cpu and nv:
+        ratios["nvme_over_cpu_offload_step_time"] = nv / cpu
+    if nv and cold:
+        ratios["no_read_ahead_over_read_ahead_step_time"] = cold / nv
+    print(f"\n== zero3_nvme: {args.ranks} CPU ranks, medians over {args.rounds} rounds ==")
+    rows = [
+        [n, f"{step[n] * 1000:.0f}" if n in step else "failed", len(per[n].get("jobs", []))]
+        for n in per
+    ]
+    print_table(["contender", "step ms", "jobs"], rows)
+    for k, v in ratios.items():
+        print(f"  {k}: {v:.2f}")
+    if "nvme_over_cpu_offload_step_time" in ratios:
+        got = ratios["nvme_over_cpu_offload_step_time"]
+        verdict = "met" if got <= TARGET else "NOT met"
+        print(f"  target: NVMe step <= {TARGET}x CPU offload's: {verdict}")
+    payload = {
+        "benchmark": "zero3_nvme",
+        "workload": {
+            "model": args.model,
+            "configs": {k: v[0] for k, v in z3.CONFIGS.items() if k in configs(nvme_dir)},
+            "ranks": args.ranks,
+            "rounds": args.rounds,
+            "steps_per_job": args.steps,
+            "nvme_dir_filesystem": shutil.disk_usage(str(Path(nvme_dir).parent))._asdict(),
+        },
+        "machine": machine_info("cpu"),
+        "target_nvme_over_cpu_step_time": TARGET,
+        "contenders": per,
+        "step_s": step,
+        "ratios": ratios,
+        "busy_warning": warning,
+        "leftover_pids_killed_at_end": leftover,
+        "wall_s": time.perf_counter() - t0,
+    }
+    return finish("zero3_nvme", payload, contenders, args.smoke)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
