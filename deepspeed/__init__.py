@@ -4,11 +4,12 @@ Nothing is defined here; every object has its one home in deepspeed_ext.
 """
 
 from deepspeed_ext.comm import init_distributed
+from deepspeed_ext.runtime.ds_config import DeepSpeedConfig
 from deepspeed_ext.runtime.engine import DeepSpeedEngine
 from deepspeed_ext.runtime.initialize import add_config_arguments, initialize
 from deepspeed_ext.version import __version__, __version_api__
 
-from . import comm, zero  # transformers calls deepspeed.zero.Init after `import deepspeed`
+from . import comm, ops, zero  # transformers calls deepspeed.zero.Init after `import deepspeed`
 from .runtime import (
     lr_schedules,
 )  # accelerate reads deepspeed.runtime.lr_schedules after `import deepspeed`
@@ -20,12 +21,14 @@ __version_major__, __version_minor__, __version_patch__ = (
 version = __version__
 
 __all__ = [
+    "DeepSpeedConfig",
     "DeepSpeedEngine",
     "__version__",
     "add_config_arguments",
     "add_tuning_arguments",
     "lr_schedules",
     "comm",
+    "ops",
     "zero",
     "init_distributed",
     "initialize",

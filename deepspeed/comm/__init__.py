@@ -1,3 +1,5 @@
+"""`deepspeed.comm`: upstream's collectives (torch.distributed's signatures)."""
+
 from deepspeed_ext.comm import (
     ReduceOp,
     all_gather,
@@ -12,18 +14,50 @@ from deepspeed_ext.comm import (
     is_initialized,
     new_group,
 )
+from deepspeed_ext.comm.torch_style import (
+    all_gather_into_tensor,
+    all_gather_object,
+    all_to_all_single,
+    broadcast_object_list,
+    gather,
+    inference_all_reduce,
+    irecv,
+    isend,
+    monitored_barrier,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+    send,
+)
 
 __all__ = [
     "ReduceOp",
     "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
     "all_reduce",
+    "all_to_all_single",
     "barrier",
     "broadcast",
+    "broadcast_object_list",
     "destroy_process_group",
+    "gather",
     "get_local_rank",
     "get_rank",
     "get_world_size",
+    "inference_all_reduce",
     "init_distributed",
+    "irecv",
     "is_initialized",
+    "isend",
+    "monitored_barrier",
     "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "scatter",
+    "send",
 ]

@@ -9,6 +9,7 @@ from deepspeed_ext.zero.stage3 import (
 
 __all__ = [
     "RepeatingLoader",
+    "groups",
     "get_z3_leaf_modules",
     "log_dist",
     "logger",
@@ -16,3 +17,5 @@ __all__ = [
     "unset_z3_leaf_modules",
     "z3_leaf_module",
 ]
+
+from . import groups  # noqa: E402 - upstream code reads deepspeed.utils.groups after import

@@ -3,13 +3,21 @@
 from deepspeed_ext.zero.stage3 import (
     GatheredParameters,
     Init,
+    OnDevice,
+    ZeroParamStatus,
+    ZeroParamType,
     register_external_parameter,
     unregister_external_parameter,
+    unwrap_model_for_generation,
 )
 
 __all__ = [
     "GatheredParameters",
     "Init",
+    "OnDevice",
+    "ZeroParamStatus",
+    "ZeroParamType",
     "register_external_parameter",
     "unregister_external_parameter",
+    "unwrap_model_for_generation",
 ]

@@ -4,7 +4,9 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.zero.stage3 import (
     GatheredParameters,
     Init,
+    OnDevice,
     ZeroParamStatus,
+    ZeroParamType,
     register_external_parameter,
     unregister_external_parameter,
 )
@@ -16,7 +18,9 @@ from deepspeed_ext.zero.stage3.init import (
 __all__ = [
     "GatheredParameters",
     "Init",
+    "OnDevice",
     "ZeroParamStatus",
+    "ZeroParamType",
     "_orig_torch_arange",
     "get_accelerator",
     "register_external_parameter",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 
 def model_states_name(mp_rank: int = 0) -> str:
     return f"mp_rank_{mp_rank:02d}_model_states.pt"
@@ -13,3 +15,18 @@ def zero_optim_states_name(dp_rank: int, mp_rank: int = 0) -> str:
 
 def default_tag(global_steps: int) -> str:
     return f"global_step{global_steps}"
+
+
+# upstream's deepspeed.checkpoint.utils names (paths inside a tag directory)
+def get_model_ckpt_name_for_rank(base_folder: str, mp_rank_str: str) -> str:
+    """mp_rank_str: the model-parallel rank as upstream formats it ("00")."""
+    return os.path.join(base_folder, f"mp_rank_{mp_rank_str}_model_states.pt")
+
+
+def get_zero_ckpt_name_for_rank(base_folder: str, dp_rank: int, mp_rank: int) -> str:
+    return os.path.join(base_folder, zero_optim_states_name(dp_rank, mp_rank))
+
+
+def get_layer_ckpt_name_for_rank(base_folder: str, layer_id: str, tp_rank: int) -> str:
+    """layer_id: upstream's layer key ("layer_01")."""
+    return os.path.join(base_folder, f"{layer_id}-model_{tp_rank:02d}_model_states.pt")

@@ -36,6 +36,12 @@ class ZeroParamStatus(Enum):
     INFLIGHT = 3  # an all-gather into it is under way
 
 
+class ZeroParamType(Enum):
+    NORMAL = 1  # a plain parameter
+    PARTITIONED = 2  # partitioned over the data-parallel ranks (every one here)
+    REMOTE = 3  # upstream: held by one rank only (not used here)
+
+
 _ids = itertools.count()
 
 
@@ -71,6 +77,7 @@ def convert(
     """Turn a full parameter into a partitioned one (in place): its full value is kept as this
     rank's shard, and as a whole only if persistent. Callers make every rank's value equal
     first (a broadcast). group: the data-parallel AxisGroup to partition over."""
+    p.ds_param_type = ZeroParamType.PARTITIONED  # type: ignore[attr-defined]
     rank, world = group.rank, group.size
     full = p.data.to(compute_device, dtype=dtype or p.dtype)
     p.ds_id = next(_ids)  # type: ignore[attr-defined]
