@@ -3,6 +3,7 @@
 Upstream's `deepspeed.comm` names: init_distributed, is_initialized, get_rank, ...
 """
 
+from .averaging import MEAN, GradAverage
 from .bucketed import GradBuckets
 from .collectives import (
     ReduceOp,
@@ -48,6 +49,8 @@ __all__ = [
     "layout_from_mpu",
     "layout_from_topology",
     "world_layout",
+    "GradAverage",
+    "MEAN",
     "GradBuckets",
     "ReduceOp",
     "all_gather",

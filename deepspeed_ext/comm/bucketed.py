@@ -7,7 +7,8 @@ mark_ready(param) as each grad is final; when a bucket's last grad arrives its a
 launched asynchronously, overlapping the rest of backward (gloo and nccl both run async
 work). Buckets are launched strictly in index order, so every rank issues the same sequence
 of collectives even when its grads become ready in another order (a mismatch would hang).
-wait() finishes them all and divides by the world size (the average, as DDP does).
+wait() finishes them all and divides by the world size (the average, as DDP does; how and
+where is the GradAverage's choice).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from .averaging import MEAN, GradAverage
 from .layout import resolve
 
 
@@ -28,10 +30,11 @@ class GradBuckets:
         bucket_numel: int,
         dtype: torch.dtype,
         group: Any = None,
-        average: bool = True,
+        averaging: GradAverage = MEAN,
     ) -> None:
         self.group, self.world = resolve(group)  # an AxisGroup: the data-parallel one
-        self.average = average
+        factors = averaging.factors(self.world) if self.world > 1 else (1.0, 1.0)
+        self.before, self.after = factors
         # [bucket] -> flat buffer; params laid out in reverse order
         self.buffers: list[torch.Tensor] = []
         self.views: dict[torch.Tensor, torch.Tensor] = {}
@@ -80,6 +83,8 @@ class GradBuckets:
 
     def _launch(self, b: int) -> None:
         if self.world > 1:
+            if self.before != 1:
+                self.buffers[b].mul_(self.before)
             self._works.append(dist.all_reduce(self.buffers[b], group=self.group, async_op=True))
 
     def wait(self) -> None:
@@ -90,9 +95,9 @@ class GradBuckets:
         for w in self._works:
             w.wait()
         self._works = []
-        if self.average and self.world > 1:
+        if self.after != 1:
             for buf in self.buffers:
-                buf.div_(self.world)
+                buf.mul_(self.after)
 
     def zero(self) -> None:
         for buf in self.buffers:

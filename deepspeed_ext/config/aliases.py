@@ -85,6 +85,8 @@ RENAMES: tuple[Rename, ...] = (
         "stage3_gather_16bit_weights_on_model_save",
     ),
     *(Rename(_ZERO, short, f"stage3_{short}", deprecated=False) for short in _ZERO_SHORT),
+    # the plural spelling widely read guides use
+    Rename(_ZERO, "offload_params", "offload_param", deprecated=False),
     Rename("aio", "thread_count", "intra_op_parallelism"),
     Rename("tensor_parallel", "tensor_parallel", "tp", deprecated=False),
     Rename("tensor_parallel", "kernel_inject", "replace_with_kernel_inject", deprecated=False),

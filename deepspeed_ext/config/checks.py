@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from . import support
+
 if TYPE_CHECKING:
     from .model import DeepSpeedConfig
 
@@ -70,7 +72,11 @@ def _zero_stage(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return out
 
 
-CHECKS: tuple[Check, ...] = (_precision, _offload, _zero_stage)
+def _refused(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    return support.refused(cfg)  # [Note: config honesty]
+
+
+CHECKS: tuple[Check, ...] = (_refused, _precision, _offload, _zero_stage)
 
 
 def consistency(cfg: DeepSpeedConfig) -> list[str]:

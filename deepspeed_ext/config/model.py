@@ -57,7 +57,7 @@ from .sections.torch_autocast import TorchAutocastConfig
 from .sections.wandb import WandbConfig
 from .sections.weight_quantization import WeightQuantizationConfig
 from .sections.zero import ZeroConfig
-from .types import AUTO, Bool, Float, FreeDict, Int, Section, Str, ToLower
+from .types import AUTO, Bool, Float, FreeDict, Int, Str, ToLower
 
 PositiveInt = Annotated[Int, Field(gt=0)]
 
@@ -76,8 +76,6 @@ class DeepSpeedConfig(BaseModel):
     train_batch_size: PositiveInt | None = None
     train_micro_batch_size_per_gpu: PositiveInt | None = None
     gradient_accumulation_steps: PositiveInt | None = None
-    # False: the client decides the accumulation boundary; every step() updates.
-    managed_gradient_accumulation: Bool = True
 
     # -- optimization ----------------------------------------------------------------------------
     optimizer: OptimizerConfig = OptimizerConfig()
@@ -235,26 +233,3 @@ class DeepSpeedConfig(BaseModel):
             world_size,
             world_size_source,
         )
-
-    def unimplemented_sections(self) -> list[str]:
-        """Key paths of the sections the user turned on that deepspeed_ext does not run yet."""
-        out = _unimplemented(self, "")
-        if self.datastates_ckpt is not None and self.datastates_ckpt is not False:
-            out.append("datastates_ckpt")
-        out += [k for k in ("sparse_gradients", "graph_harvesting") if getattr(self, k)]
-        return out
-
-
-def _unimplemented(model: BaseModel, path: str) -> list[str]:
-    out: list[str] = []
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        if not isinstance(value, Section):
-            continue
-        here = f"{path}.{name}" if path else name
-        if not type(value).IMPLEMENTED:
-            if value.active():
-                out.append(here)
-        else:
-            out += _unimplemented(value, here)
-    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, PlainSerializer, PlainValidator
 from pydantic_core import PydanticCustomError
@@ -162,10 +162,6 @@ class Section(BaseModel):
     so it can name the full path and suggest a key)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
-
-    # False where deepspeed_ext's runtime does not implement the section yet: when the user
-    # enables it, DeepSpeedConfig.unimplemented_sections() names it so the engine warns once.
-    IMPLEMENTED: ClassVar[bool] = True
 
     def active(self) -> bool:
         """Whether the user turned this section on (most sections have an `enabled` flag)."""

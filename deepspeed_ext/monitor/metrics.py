@@ -23,7 +23,13 @@ class StepMetrics:
         peak_memory: Any,
         world_size: int,
         timers: PhaseTimers | None = None,
+        throughput: bool = True,
+        synchronize: Any = None,
     ) -> None:
+        # timers.throughput: off drops samples/s and tokens/s; `synchronize` (the device's,
+        # when timers.throughput.synchronized) makes the step's time include queued work
+        self.throughput = throughput
+        self.synchronize = synchronize
         # steps_per_print None (upstream's default): no periodic line; monitors still get
         # every step.
         self.print_line = every is not None
@@ -56,6 +62,8 @@ class StepMetrics:
             return
         if step % self.every != 0:
             return
+        if self.synchronize is not None:
+            self.synchronize()
         dt = max(time.perf_counter() - self._t0, 1e-9)
         values: dict[str, float] = {}
         if self._losses:
@@ -65,9 +73,10 @@ class StepMetrics:
             values["loss_scale"] = loss_scale
         if grad_norm is not None:
             values["grad_norm"] = grad_norm
-        values["samples_per_s"] = self._samples * self.world_size / dt
-        if self._tokens:
-            values["tokens_per_s"] = self._tokens * self.world_size / dt
+        if self.throughput:
+            values["samples_per_s"] = self._samples * self.world_size / dt
+            if self._tokens:
+                values["tokens_per_s"] = self._tokens * self.world_size / dt
         values["peak_mem_gib"] = self.peak_memory() / 2**30
         breakdown = self.timers.take_ms() if self.timers is not None else {}
         memory = self.timers.memory.take_mb() if self.timers and self.timers.memory else {}
@@ -80,7 +89,8 @@ class StepMetrics:
         parts.append(f"lr {lr:.3e}")
         if loss_scale is not None:
             parts.append(f"loss scale {loss_scale:g}")
-        parts.append(f"samples/s {values['samples_per_s']:.1f}")
+        if "samples_per_s" in values:
+            parts.append(f"samples/s {values['samples_per_s']:.1f}")
         if "tokens_per_s" in values:
             parts.append(f"tokens/s {values['tokens_per_s']:.0f}")
         parts.append(f"peak mem {values['peak_mem_gib']:.2f} GiB")

@@ -28,7 +28,7 @@ class DataParallelStrategy:
         params = list(ctx.module.parameters())
         self.masters = MasterWeights(params)
         self.grads = GradAccumulator(
-            params, ctx.accum_dtype, ctx.bucket_numel, ctx.data, ctx.is_boundary
+            params, ctx.accum_dtype, ctx.bucket_numel, ctx.data, ctx.is_boundary, ctx.averaging
         )
         trainable = [
             dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in ctx.model_groups

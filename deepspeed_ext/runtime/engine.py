@@ -20,10 +20,13 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
 from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
+from . import config_effects
 from .dataloader import DeepSpeedDataLoader, batch_tokens
+from .engine_surface import EngineSurface
 from .lr_schedules import get_lr_scheduler
 from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
@@ -32,7 +35,7 @@ from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
 
-class DeepSpeedEngine(torch.nn.Module):
+class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -67,7 +70,7 @@ class DeepSpeedEngine(torch.nn.Module):
         self._micro_batch_size = sizes.micro
         self._gas = sizes.gas
         config.check_resolved()
-        self._refuse_unavailable(config)
+        config_effects.at_start(config)
 
         acc = get_accelerator()
         self.device = acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"
@@ -82,19 +85,23 @@ class DeepSpeedEngine(torch.nn.Module):
         accum = self._accum_dtype(params)
         elem = torch.tensor([], dtype=accum).element_size()
         model_groups = self._model_param_groups(optimizer, model_parameters)
+        bucket = self._bucket_numel(params, elem)
+        # engine.config reports what runs: the bucket size the runtime picked
+        self.config = config = config.with_values({"zero_optimization.reduce_bucket_size": bucket})
         self.strategy: GradientStrategy = make_strategy(
             StrategyContext(
                 module=self.module,
                 model_groups=model_groups,
                 accum_dtype=accum,
-                bucket_numel=self._bucket_numel(params, elem),
+                bucket_numel=bucket,
                 device=self.device,
                 optimizer_device=optimizer_device(config, self.device),
                 data=self.layout.data,
                 global_rank=self.rank,
                 zero=config.zero_optimization,
-                aio=config.aio.model_dump(),
+                aio=aio_settings(config.aio),
                 is_boundary=self.is_gradient_accumulation_boundary,
+                averaging=comm.GradAverage.from_config(config),
             ),
             self.zero_optimization_stage(),
         )
@@ -121,6 +128,8 @@ class DeepSpeedEngine(torch.nn.Module):
             acc.max_memory_allocated,
             self.dp_world_size,
             self.timers,
+            throughput=bool(config.timers.throughput.enabled),
+            synchronize=acc.synchronize if config.timers.throughput.synchronized else None,
         )
         self.global_steps = 0
         self.global_samples = 0
@@ -131,13 +140,13 @@ class DeepSpeedEngine(torch.nn.Module):
         self.overflow = False
         if self.optimizer is not None:
             self.optimizer.overflow = False
+        # fp16 always skips a step whose gradients are not finite; bf16 when asked (upstream)
+        self._skip_nonfinite = bool(
+            config.fp16.enabled or (config.bf16.enabled and config.bf16.check_grad_overflow)
+        )
+        config_effects.dump_state(self)
 
     # -- construction helpers -----------------------------------------------------------------
-    @staticmethod
-    def _refuse_unavailable(config: Any) -> None:
-        for name in config.unimplemented_sections():
-            logger.warning(f"config section '{name}' is enabled but not used by deepspeed_ext yet")
-
     def _accum_dtype(self, params: list[torch.nn.Parameter]) -> torch.dtype:
         name = getattr(getattr(self.config, "data_types", None), "grad_accum_dtype", None)
         if name:
@@ -213,6 +222,7 @@ class DeepSpeedEngine(torch.nn.Module):
             self.dp_rank,
             self.dp_world_size,
             collate_fn,
+            drop_last=bool(self.config.dataloader_drop_last),
         )
 
     # -- training ----------------------------------------------------------------------------
@@ -236,6 +246,7 @@ class DeepSpeedEngine(torch.nn.Module):
         return loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        self._step_applied = False
         if self.is_gradient_accumulation_boundary():
             with self.timers.phase("step"):
                 self._model_step(lr_kwargs or {})
@@ -264,15 +275,22 @@ class DeepSpeedEngine(torch.nn.Module):
             lr_kwargs,
             replicated_sq,
             pipe_extra,
+            self._skip_nonfinite,
         )
         self.overflow = out.overflow
+        self._step_applied = not out.overflow
         if self.optimizer is not None:  # upstream's optimizers carry it; the HF Trainer reads it
             self.optimizer.overflow = out.overflow
         if out.overflow:
             self.skipped_steps += 1
+            scaled = (
+                f"; loss scale {scale:g} -> {self.loss_scaler.loss_scale:g}"
+                if self.loss_scaler is not None
+                else ""
+            )
             logger.info(
-                f"step {self.global_steps + 1}: fp16 gradient overflow, step skipped; loss scale "
-                f"{scale:g} -> {self.loss_scaler.loss_scale:g}"  # type: ignore[union-attr]
+                f"step {self.global_steps + 1}: gradients not finite (overflow), step "
+                f"skipped{scaled}"
             )
         else:
             self._global_grad_norm = out.norm
@@ -282,7 +300,8 @@ class DeepSpeedEngine(torch.nn.Module):
     def is_gradient_accumulation_boundary(self) -> bool:
         if self._boundary_override is not None:
             return self._boundary_override
-        return (self.micro_steps + 1) % self._gas == 0
+        # counted from the last batch-size change (set_train_batch_size starts a new window)
+        return (self.micro_steps - self._window_start + 1) % self._gas == 0
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         self._boundary_override = bool(is_boundary)
@@ -325,10 +344,6 @@ class DeepSpeedEngine(torch.nn.Module):
 
     def zero_optimization_stage(self) -> int:
         return int(self.config.zero_optimization.stage)
-
-    @property
-    def loss_scale(self) -> float:
-        return self.loss_scaler.loss_scale if self.loss_scaler else 1.0
 
     def zero_gather_16bit_weights_on_model_save(self) -> bool:
         return bool(self.config.zero_optimization.stage3_gather_16bit_weights_on_model_save)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import GradBuckets
+from deepspeed_ext.comm import MEAN, GradAverage, GradBuckets
 from deepspeed_ext.zero.backward_end import EndOfBackward
 
 
@@ -29,9 +29,12 @@ class GradAccumulator:
         bucket_numel: int,
         group: Any = None,
         is_boundary: Callable[[], bool] = lambda: True,
+        averaging: GradAverage = MEAN,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
-        self.buckets = GradBuckets(self.params, bucket_numel, accum_dtype, group=group)
+        self.buckets = GradBuckets(
+            self.params, bucket_numel, accum_dtype, group=group, averaging=averaging
+        )
         self.reduce_now = False  # set by the engine before a boundary micro-step's backward
         self.begun = False  # begin() ran for the backward under way
         self.is_boundary = is_boundary  # for a backward the engine did not begin

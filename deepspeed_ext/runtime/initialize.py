@@ -87,3 +87,23 @@ def add_config_arguments(parser: Any) -> Any:
         "--deepscale_config", default=None, type=str, help="Deprecated: --deepspeed_config"
     )
     return parser
+
+
+class DeepSpeedModel:
+    """`deepspeed.pt_model.DeepSpeedModel(model, optimizer, config_file="ds_config.json")`:
+    the call some guides use; it is initialize() returning the engine alone."""
+
+    def __new__(  # type: ignore[misc]
+        cls,
+        model: torch.nn.Module,
+        optimizer: Any = None,
+        config_file: Any = None,
+        config: Any = None,
+        **kwargs: Any,
+    ) -> DeepSpeedEngine:
+        if config_file is not None and config is not None:
+            raise ValueError("DeepSpeedModel: pass config_file= or config=, not both")
+        engine, *_ = initialize(
+            model=model, optimizer=optimizer, config=config_file or config, **kwargs
+        )
+        return engine

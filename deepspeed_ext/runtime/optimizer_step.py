@@ -4,8 +4,9 @@ engine and the pipeline schedule alike).
 [Note: optimizer step]
 1. norm: the strategy's sum of squares over its data-parallel group, summed over the pipe
    group (each stage holds other parameters) and unscaled by the loss scale;
-2. overflow: with fp16, a non-finite norm means some rank overflowed; every rank sees the
-   same norm, so every rank skips together and the loss scale backs off;
+2. overflow: with fp16 (and bf16 with bf16.check_grad_overflow), a non-finite norm means
+   some rank overflowed; every rank sees the same norm, so every rank skips together and
+   the loss scale (fp16) backs off;
 3. otherwise one multiply unscales and clips, the strategy hands the optimizer its grads,
    the optimizer steps, the strategy writes the masters back, the loss scale and LR
    schedule advance;
@@ -27,7 +28,7 @@ from .grad_clip import clip_factor
 @dataclass(frozen=True)
 class StepOutcome:
     norm: float  # the unscaled global gradient norm (inf/nan on overflow)
-    overflow: bool  # fp16 overflow: the step was skipped
+    overflow: bool  # gradients not finite: the step was skipped
     pipe_sum: float = 0.0  # the sum over the pipe group of the caller's `pipe_extra`
 
 
@@ -56,12 +57,14 @@ def optimizer_step(
     lr_kwargs: dict[str, Any],
     replicated_sq: float = 0.0,
     pipe_extra: float = 0.0,
+    skip_nonfinite: bool = False,
 ) -> StepOutcome:
     inv_scale = 1.0 / loss_scaler.loss_scale if loss_scaler is not None else 1.0
     norm, pipe_sum = global_grad_norm(strategy, pipe, inv_scale, replicated_sq, pipe_extra)
-    overflow = loss_scaler is not None and not math.isfinite(norm)
+    overflow = (skip_nonfinite or loss_scaler is not None) and not math.isfinite(norm)
     if overflow:
-        loss_scaler.update(True)
+        if loss_scaler is not None:
+            loss_scaler.update(True)
     else:
         strategy.scale_grads_(clip_factor(inv_scale, norm, clip))
         if optimizer is not None:

@@ -25,7 +25,7 @@ def reduce_bucket_numel(
     the transient memory of backward: there the default is about the largest parameter (a
     parameter is never split across buckets; at least 1M elements, at most 25 MB), as FSDP
     reduces one module at a time. [Note: ZeRO gradient reduction]"""
-    if "reduce_bucket_size" in zero.model_fields_set:
+    if zero.reduce_bucket_size is not None:
         return int(zero.reduce_bucket_size)
     cap = DEFAULT_BUCKET_BYTES // elem_size
     if stage < 2:

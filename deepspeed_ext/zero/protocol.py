@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from deepspeed_ext.comm import AxisGroup
+from deepspeed_ext.comm import MEAN, AxisGroup, GradAverage
 
 if TYPE_CHECKING:
     from .named_state import NamedState
@@ -47,6 +47,7 @@ class StrategyContext:
     # whether the micro-step under way ends an accumulation window: asked when a backward
     # the engine did not begin (a plain loss.backward()) produces its first gradient
     is_boundary: Callable[[], bool] = lambda: True
+    averaging: GradAverage = MEAN  # mean or sum, and where the division happens
 
 
 class RankFiles(Protocol):

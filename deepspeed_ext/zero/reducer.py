@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import AxisGroup, reduce_scatter_bucket
+from deepspeed_ext.comm import MEAN, AxisGroup, GradAverage, reduce_scatter_bucket
 
 from .backward_end import EndOfBackward
 from .sharded_group import ShardedGroup
@@ -34,8 +34,10 @@ class ShardedReducer:
         group: AxisGroup,
         is_boundary: Callable[[], bool] = lambda: True,
         max_in_flight: int = 2,
+        averaging: GradAverage = MEAN,
     ) -> None:
         self.dp = group  # data-parallel
+        self.before, self.after = averaging.factors(group.size)
         self.is_boundary = is_boundary  # for a backward the engine did not begin
         self.begun = False  # begin() ran for the backward under way
         self.end = EndOfBackward(self.finish)  # [Note: end of backward]
@@ -133,6 +135,8 @@ class ShardedReducer:
         # In place: the result lands in this rank's own chunk of the bucket buffer, so no
         # per-step output buffers are allocated (glibc keeps such churn resident).
         out = self._own(buf, grp)
+        if self.before != 1:
+            buf.mul_(self.before)
         work = reduce_scatter_bucket(out, buf, group=self.dp)
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
@@ -145,7 +149,7 @@ class ShardedReducer:
         work.wait()
         g, b = self.order[i]
         grp = self.groups[g]
-        out.div_(grp.world)  # the average over ranks, as DDP
+        out.mul_(self.after)  # the average over ranks, as DDP (or the sum)
         if self.every_micro:
             grp.grads[b].add_(out.to(grp.grads[b].device, non_blocking=True))
         elif grp.grads[b].data_ptr() != out.data_ptr():  # stage 1 offloaded: to the host

@@ -52,6 +52,7 @@ class ZeroStrategy:
             stage >= 2,
             ctx.data,
             lambda: ctx.is_boundary() and self.sync_enabled,
+            averaging=ctx.averaging,
         )
         self.sync_enabled = True
         # Our CPU optimizers take 16-bit grads for fp32 masters as they are; others get fp32.

@@ -9,8 +9,6 @@ from ..types import Bool, Section
 
 
 class AmpConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     opt_level: Any = None
     cast_model_type: Any = None

@@ -15,8 +15,6 @@ class ModelInfoConfig(Section):
 
 
 class AutotuningConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     # Stop early within a ZeRO stage once no better micro-batch size turns up.
     fast: Bool = True

@@ -13,6 +13,9 @@ class ParallelWriteConfig(Section):
     # Pipeline stages write their layers in parallel.
     pipeline_stage: Bool = False
 
+    def active(self) -> bool:
+        return self.pipeline_stage
+
 
 class WriterConfig(Section):
     type: Annotated[Literal["MOCK", "PYTHON", "FAST"], ToUpper] = "FAST"
@@ -23,6 +26,9 @@ class WriterConfig(Section):
     data_parallel: Annotated[Literal["REPLICA", "SOCKET", "MACHINE"], ToUpper] | None = None
     decoupled: Bool = False
     io_multiplier: Int = 1
+
+    def active(self) -> bool:
+        return True  # present means on
 
 
 class CheckpointConfig(Section):

@@ -6,8 +6,6 @@ from ..types import Bool, Int, Section, Str
 
 
 class CometConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     # Metrics go out every this many samples.
     samples_log_interval: Int = 100

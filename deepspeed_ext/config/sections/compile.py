@@ -8,8 +8,6 @@ from ..types import Bool, Int, Section
 
 
 class CompileConfig(Section):
-    IMPLEMENTED = False
-
     deepcompile: Bool = False
     autoep_non_moe: Bool = False
     free_activation: Bool = False

@@ -33,8 +33,6 @@ class LayerReductionConfig(Section):
 
 
 class CompressionTrainingConfig(Section):
-    IMPLEMENTED = False
-
     weight_quantization: TechniqueConfig = TechniqueConfig()
     activation_quantization: TechniqueConfig = TechniqueConfig()
     sparse_pruning: TechniqueConfig = TechniqueConfig()

@@ -7,8 +7,6 @@ from ..types import Bool, FreeDict, Int, Section, Str
 
 
 class LegacyCurriculumConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     # "seqlen" upstream.
     curriculum_type: Str | None = None

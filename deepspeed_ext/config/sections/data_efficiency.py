@@ -87,8 +87,6 @@ class DataRoutingConfig(Section):
 
 
 class DataEfficiencyConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     seed: Int = 1234
     data_routing: DataRoutingConfig = DataRoutingConfig()

@@ -6,8 +6,6 @@ from ..types import Bool, Float, Int, Section, Str
 
 
 class EigenvalueConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     verbose: Bool = False
     max_iter: Int = 100

@@ -7,8 +7,6 @@ from ..types import Bool, Float, Int, Section
 
 
 class ElasticityConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     max_train_batch_size: Int = 2000
     micro_batch_sizes: tuple[Int, ...] = (2, 4, 6)

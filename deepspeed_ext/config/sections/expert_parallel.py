@@ -10,8 +10,6 @@ from ..types import Auto, Bool, Float, Int, Section, Str
 
 
 class ExpertParallelConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     autoep_size: Int = 1
     expert_tensor_parallel_size: Int = 1

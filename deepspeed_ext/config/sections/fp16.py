@@ -19,7 +19,8 @@ class FP16Config(Section):
     loss_scale_window: Int = 1000
     hysteresis: Int = 2
     consecutive_hysteresis: Bool = False
-    min_loss_scale: Int = 1
+    # A float floor such as 1e-5 is meaningful (upstream's type is int; guides give floats).
+    min_loss_scale: Float = 1.0
     fp16_master_weights_and_grads: Bool = False
 
     @property

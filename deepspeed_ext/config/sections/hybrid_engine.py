@@ -8,8 +8,6 @@ from ..types import Bool, Int, Section
 
 
 class HybridEngineConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     max_out_tokens: Int = Field(default=512, gt=0)
     inference_tp_size: Int = 1

@@ -6,8 +6,6 @@ from ..types import Bool, Int, Section, Str
 
 
 class NebulaConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     persistent_storage_path: Str | None = None
     persistent_time_interval: Int = 100

@@ -6,8 +6,6 @@ from ..types import Bool, Float, Section
 
 
 class ProgressiveLayerDropConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     theta: Float = 1.0
     gamma: Float = 0.001

@@ -9,8 +9,6 @@ from ..types import Bool, FreeDict, Section
 
 
 class QuantizeTrainingConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     quantize_verbose: Bool = False
     quantizer_kernel: Bool = False

@@ -9,8 +9,6 @@ from ..types import Bool, Int, Section
 
 
 class SparseAttentionConfig(Section):
-    IMPLEMENTED = False
-
     mode: Literal["dense", "fixed", "variable", "bigbird", "bslongformer"] = "fixed"
     block: Int = 16
     different_layout_per_head: Bool = False

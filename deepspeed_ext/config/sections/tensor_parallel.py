@@ -13,8 +13,6 @@ class TPConfig(Section):
 
 
 class TensorParallelConfig(Section):
-    IMPLEMENTED = False
-
     # The dtype the model is converted to.
     dtype: DtypeName = "fp16"
     # 0 disables AutoTP training.

@@ -6,8 +6,6 @@ from ..types import Bool, FloatDtypeName, Section, Str
 
 
 class TorchAutocastConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     dtype: FloatDtypeName | None = None
     # Module classes (dotted import paths) that may run in the lower precision.

@@ -6,8 +6,6 @@ from ..types import Bool, Section, Str
 
 
 class WandbConfig(Section):
-    IMPLEMENTED = False
-
     enabled: Bool = False
     group: Str | None = None
     team: Str | None = None

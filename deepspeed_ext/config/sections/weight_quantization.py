@@ -8,8 +8,6 @@ from ..types import EMPTY, Bool, FreeDict, Int, Section
 
 
 class WeightQuantizationConfig(Section):
-    IMPLEMENTED = False
-
     # Present in the config means on (upstream's default is true).
     enabled: Bool = True
     num_bits: Int = 8

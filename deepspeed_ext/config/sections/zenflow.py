@@ -10,8 +10,6 @@ from ..types import Auto, Bool, Float, Int, Section
 
 
 class ZenFlowConfig(Section):
-    IMPLEMENTED = False
-
     topk_ratio: Float = Field(default=0.1, gt=0.0, lt=1.0)
     select_strategy: Literal["auto", "step", "epoch"] = "auto"
     # "auto" is a real upstream value here, not a placeholder.

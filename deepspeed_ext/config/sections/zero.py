@@ -25,7 +25,9 @@ class ZeroConfig(Section):
     stage: Stage = 0
     contiguous_gradients: Bool = True
     reduce_scatter: Bool = True
-    reduce_bucket_size: Int = Field(default=500_000_000, gt=0)
+    # None: sized by the runtime (runtime/strategy_factory.py; upstream's fixed default is
+    # 500M elements); engine.config reports the size in use.
+    reduce_bucket_size: Annotated[Int, Field(gt=0)] | None = None
     use_multi_rank_bucket_allreduce: Bool = True
     allgather_partitions: Bool = True
     allgather_bucket_size: Int = Field(default=500_000_000, ge=0)

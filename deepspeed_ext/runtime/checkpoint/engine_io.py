@@ -20,6 +20,7 @@ from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.version import __version__
 
 from . import atomic, layout, safe_load
+from .tag_check import validate_tag
 
 # Keys the engine owns; everything else in the file is the client's.
 ENGINE_KEYS = frozenset(
@@ -72,6 +73,7 @@ def save_checkpoint(
         raise ValueError(
             f"client_state keys {sorted(clash)} are reserved by the engine; rename them"
         )
+    validate_tag(tag, str(engine.config.checkpoint.tag_validation))
     stage = engine.zero_optimization_stage()
     # files are named by data-parallel rank and model-parallel rank (upstream's layout)
     dp_rank, mp_rank = engine.dp_rank, engine.layout.model.rank

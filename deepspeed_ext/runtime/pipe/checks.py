@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .module import PipelineModule
+from .module import DEFAULT_CHECKPOINTS, PipelineModule
 
 
 def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None:
@@ -35,6 +35,7 @@ def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None
         "seed_layers": module.seed_layers,
         "activation_checkpoint_interval": module.activation_checkpoint_interval,
     }
+    _use_reentrant(pipe.use_reentrant, module)
     for key, value in ours.items():
         if key not in given:
             continue
@@ -47,6 +48,19 @@ def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None
                 f"{arg}={value!r}: the module's argument decides; drop pipeline.{key} "
                 "or make them agree"
             )
+
+
+def _use_reentrant(reentrant: bool | None, module: PipelineModule) -> None:
+    """pipeline.use_reentrant picks the module's default checkpoint function (None: the
+    non-reentrant one here; upstream's None means reentrant)."""
+    if reentrant is None:
+        return
+    if module.activation_checkpoint_func not in DEFAULT_CHECKPOINTS.values():
+        raise ValueError(
+            f"pipeline.use_reentrant is {reentrant} but the PipelineModule was built with its "
+            "own activation_checkpoint_func, which decides; drop pipeline.use_reentrant"
+        )
+    module.activation_checkpoint_func = DEFAULT_CHECKPOINTS[bool(reentrant)]
 
 
 def _partition_name(method: Any) -> Any:

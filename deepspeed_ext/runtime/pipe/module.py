@@ -33,6 +33,17 @@ def _reentrant_free_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     return checkpoint(function, *args, use_reentrant=False)
 
 
+def _reentrant_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+    """pipeline.use_reentrant true: torch's reentrant checkpoint (upstream's default; it
+    cannot be split by the zb-h1 schedule, and the chunk's input must require grad)."""
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(function, *args, use_reentrant=True)
+
+
+DEFAULT_CHECKPOINTS = {False: _reentrant_free_checkpoint, True: _reentrant_checkpoint}
+
+
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)

@@ -55,6 +55,12 @@ def check_nvme_path(path: str, needed_bytes: int, key: str) -> None:
         )
 
 
+def aio_settings(section: Any) -> dict[str, Any]:
+    """The typed `aio` config section as the handle's keyword arguments (use_gds is refused
+    when the config is parsed)."""
+    return {k: getattr(section, k) for k in _AIO_KEYS}
+
+
 def _aio_kwargs(aio: Mapping[str, Any] | None) -> dict[str, Any]:
     cfg = dict(aio or {})
     if "thread_count" in cfg:  # upstream's old name

@@ -17,7 +17,6 @@ other changes after construction need GatheredParameters(..., modifier_rank=0).
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import torch
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import group_broadcast, init_distributed, is_initialized
 from deepspeed_ext.comm.layout import data_axis
+from deepspeed_ext.config import DeepSpeedConfig, parse
 
 from .param import convert, is_zero_param
 
@@ -68,15 +68,14 @@ def _all_subclasses(cls: type) -> list[type]:
     return out
 
 
-def _read_config(config: Any) -> dict[str, Any]:
+def _read_config(config: Any) -> DeepSpeedConfig | None:
+    """The typed config (so its keys are checked here too), or None without one."""
     if config is None:
-        return {}
-    if isinstance(config, dict):
-        return config
-    if isinstance(config, (str, Path)):
-        return dict(json.loads(Path(config).read_text()))
-    to_dict = getattr(config, "to_dict", None)
-    return dict(to_dict()) if callable(to_dict) else {}
+        return None
+    if not isinstance(config, (dict, str, Path, DeepSpeedConfig)):
+        to_dict = getattr(config, "to_dict", None)  # another library's config object
+        config = dict(to_dict()) if callable(to_dict) else None
+    return parse(config) if config is not None else None
 
 
 class Init:
@@ -98,16 +97,18 @@ class Init:
         if not enabled:
             return
         cfg = _read_config(config_dict_or_path if config_dict_or_path is not None else config)
-        zero = cfg.get("zero_optimization") or {}
-        short = zero.get("param_persistence_threshold", _DEFAULT_PERSISTENCE)
-        self.persistence = int(zero.get("stage3_param_persistence_threshold", short))
-        offload = (zero.get("offload_param") or {}).get("device", "none")
+        zero = cfg.zero_optimization if cfg is not None else None
+        self.persistence = (
+            int(zero.stage3_param_persistence_threshold) if zero else _DEFAULT_PERSISTENCE
+        )
+        offload = zero.offload_param.device if zero and zero.offload_param else "none"
+        self.override_apply = bool(zero.override_module_apply) if zero else True
         remote = remote_device if remote_device is not None else offload
         self.shard_device = (
             torch.device("cpu") if str(remote).lower() in ("cpu", "nvme") else self._device()
         )
         self.pin_memory = pin_memory
-        self.dtype = dtype or self._config_dtype(cfg)
+        self.dtype = dtype or (self._config_dtype(cfg) if cfg is not None else None)
         if not is_initialized():
             init_distributed(verbose=False)
         # partitioned over the data-parallel group: an explicit one, the mpu's, or the
@@ -123,12 +124,10 @@ class Init:
         return acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"
 
     @staticmethod
-    def _config_dtype(cfg: dict[str, Any]) -> torch.dtype | None:
-        if (cfg.get("fp16") or {}).get("enabled") is True:
+    def _config_dtype(cfg: DeepSpeedConfig) -> torch.dtype | None:
+        if cfg.fp16.enabled:
             return torch.float16
-        if (cfg.get("bf16") or cfg.get("bfloat16") or {}).get("enabled") is True:
-            return torch.bfloat16
-        return None
+        return torch.bfloat16 if cfg.bf16.enabled else None
 
     # -- partitioning --
     @torch.no_grad()
@@ -162,8 +161,10 @@ class Init:
                 _active[-1]._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
-        self._patched.append((torch.nn.Module, ("apply", torch.nn.Module.__dict__["apply"])))
-        torch.nn.Module.apply = _gathering_apply(torch.nn.Module.__dict__["apply"])  # type: ignore[method-assign]
+        if self.override_apply:  # zero_optimization.override_module_apply
+            original_apply = torch.nn.Module.__dict__["apply"]
+            self._patched.append((torch.nn.Module, ("apply", original_apply)))
+            torch.nn.Module.apply = _gathering_apply(original_apply)  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.utils.logging import logger
+
 
 def is_leaf_module(module: torch.nn.Module) -> bool:
     return bool(getattr(module, "_z3_leaf", False))
@@ -42,3 +44,30 @@ def _mark(model: torch.nn.Module, classes: list[Any], flag: bool) -> list[Any]:
     for m in hits:
         setattr(m, "_z3_leaf", flag)  # noqa: B010 - a plain attribute on any module
     return hits
+
+
+def mark_config_leaves(model: torch.nn.Module, leaf_cfg: Any) -> list[torch.nn.Module]:
+    """zero_optimization.leaf_module: mark modules whose class (name or dotted path) is in
+    `classes`, whose name is in `names`, or whose name ends with one of `name_suffixes`.
+    The default classes are upstream's MoE blocks, absent from most models, so no match is
+    not an error; a user-given entry that matches nothing is said once."""
+    classes, names, suffixes = set(leaf_cfg.classes), set(leaf_cfg.names), leaf_cfg.name_suffixes
+    hit: list[torch.nn.Module] = []
+    used: set[str] = set()
+    for name, m in model.named_modules():
+        cls = type(m)
+        keys = {cls.__name__, f"{cls.__module__}.{cls.__qualname__}"} & classes
+        if name in names:
+            keys.add(name)
+        keys |= {s for s in suffixes if name and name.endswith(s)}
+        if keys:
+            setattr(m, "_z3_leaf", True)  # noqa: B010 - a plain attribute on any module
+            hit.append(m)
+            used |= keys
+    given = {**dict.fromkeys(leaf_cfg.names, "names"), **dict.fromkeys(suffixes, "name_suffixes")}
+    if "classes" in leaf_cfg.model_fields_set:
+        given.update(dict.fromkeys(leaf_cfg.classes, "classes"))
+    for entry, key in given.items():
+        if entry not in used:
+            logger.warning(f"zero_optimization.leaf_module.{key}: {entry!r} matches no module")
+    return hit

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import AxisGroup, reduce_scatter_bucket
+from deepspeed_ext.comm import MEAN, AxisGroup, GradAverage, reduce_scatter_bucket
 
 from .gather import fill_rows
 
@@ -31,9 +31,11 @@ class Stage3Reducer:
         bucket_numel: int,
         group: AxisGroup,
         max_in_flight: int = 2,
+        averaging: GradAverage = MEAN,
     ) -> None:
         self.group = group  # data-parallel
         self.world = group.size
+        self.before, self.after = averaging.factors(self.world)
         self.accum_dtype = accum_dtype
         self.bucket_numel = max(1, bucket_numel)
         self.max_in_flight = max_in_flight
@@ -69,6 +71,8 @@ class Stage3Reducer:
             off += s
         # this rank's row of the bucket: the reduce-scatter runs in place (no output buffer)
         out = buf[self.group.rank]
+        if self.before != 1:
+            buf.mul_(self.before)
         work = reduce_scatter_bucket(out, buf.view(-1), group=self.group)
         self.in_flight.append((work, out, [p for p, _ in items]))
         while len(self.in_flight) > self.max_in_flight:
@@ -81,7 +85,7 @@ class Stage3Reducer:
         for p in params:
             s = p.ds_shard_numel
             part = self.part[id(p)]
-            part.add_(out[off : off + s].to(part.device), alpha=1 / self.world)
+            part.add_(out[off : off + s].to(part.device), alpha=self.after)
             off += s
 
     def flush(self) -> None:

@@ -20,6 +20,7 @@ from ..protocol import RankFiles, StrategyContext
 from . import checkpoint
 from .gather import gather_params, release_params
 from .hooks import ModuleHooks
+from .leaf import mark_config_leaves
 from .param import (
     ZeroParamStatus,
     convert,
@@ -52,6 +53,7 @@ class Stage3Options:
         self.optimizer_offload = str(opt.device) if opt is not None else "none"
         self.optimizer_nvme_path = getattr(opt, "nvme_path", None)
         self.sub_group_numel = int(zero_cfg.sub_group_size)
+        self.leaf_module = zero_cfg.leaf_module
         self.aio = {k: v for k, v in (aio or {}).items() if k != "use_gds"}
 
 
@@ -75,6 +77,7 @@ class Stage3Strategy:
         if options.param_offload == "nvme":
             self._params_to_nvme()
         self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
+        mark_config_leaves(module, options.leaf_module)  # before the hooks go in
         self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass)
         self._in_backward = False
         # persistence is fixed at partitioning: these stay gathered and are refreshed
@@ -91,7 +94,12 @@ class Stage3Strategy:
         self.trainable_ids = {id(p) for p in self.trainable}
         self.masters = {id(p): self._new_master(p, optimizer_device) for p in self.trainable}
         self.reducer = Stage3Reducer(
-            self.trainable, ctx.accum_dtype, optimizer_device, options.bucket_numel, self.dp
+            self.trainable,
+            ctx.accum_dtype,
+            optimizer_device,
+            options.bucket_numel,
+            self.dp,
+            averaging=ctx.averaging,
         )
         self._grad_hooks = [
             p.register_post_accumulate_grad_hook(
@@ -307,6 +315,10 @@ class Stage3Strategy:
 
     def zero_grads(self) -> None:
         self.reducer.zero()
+
+    def empty_partition_cache(self) -> None:
+        """engine.empty_partition_cache(): release every gathered parameter not in use."""
+        release_params(self.module.parameters())
 
     def remove_hooks(self) -> None:
         for s in self.swappers:

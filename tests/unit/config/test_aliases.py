@@ -121,3 +121,18 @@ def test_each_alias_warns_once_per_parse():
     with warnings.catch_warnings():  # the stored form is canonical: no repeat later
         warnings.simplefilter("error")
         parsed.with_values({"train_batch_size": 4})
+
+
+def test_offload_params_is_offload_param():
+    z = parse(
+        {
+            "zero_optimization": {
+                "stage": 3,
+                "offload_params": {"device": "cpu", "pin_memory": False},
+            }
+        }
+    ).zero_optimization
+    assert z.offload_param is not None and z.offload_param.device == "cpu"
+    assert z.offload_param.pin_memory is False
+    with pytest.raises(ConfigError, match="offload_param"):
+        parse({"zero_optimization": {"offload_params": {}, "offload_param": {}}})

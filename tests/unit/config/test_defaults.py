@@ -42,7 +42,7 @@ DEFAULTS = {
     "zero_optimization.stage": 0,
     "zero_optimization.contiguous_gradients": True,
     "zero_optimization.reduce_scatter": True,
-    "zero_optimization.reduce_bucket_size": 500_000_000,
+    "zero_optimization.reduce_bucket_size": None,  # upstream 5e8; sized by the runtime here
     "zero_optimization.allgather_partitions": True,
     "zero_optimization.allgather_bucket_size": 500_000_000,
     "zero_optimization.overlap_comm": False,  # True when stage is 3

@@ -85,13 +85,13 @@ def test_json_spellings_of_numbers_are_accepted():
 def test_names_are_normalised_as_upstream_does():
     cfg = parse(
         {
-            "communication_data_type": "FP16",
+            "communication_data_type": "FP32",
             "data_types": {"grad_accum_dtype": "torch.float32"},
             "checkpoint": {"tag_validation": "Fail"},
             "zero_optimization": {"offload_optimizer": {"device": "CPU"}},
         }
     )
-    assert cfg.communication_data_type == "fp16"
+    assert cfg.communication_data_type == "fp32"
     assert cfg.data_types.grad_accum_dtype == "fp32"
     assert cfg.checkpoint.tag_validation == "FAIL"
     assert cfg.zero_optimization.offload_optimizer.device == "cpu"

@@ -182,55 +182,57 @@ def test_zero_infinity_sizes():
     assert z.offload_param.nvme_path == "/local_nvme" and z.offload_optimizer.device == "nvme"
 
 
-def test_sections_deepspeed_ext_does_not_run_are_listed_when_on():
-    cfg = parse(
-        {
-            "train_batch_size": 8,
-            "wandb": {"enabled": True},
-            "comet": {"enabled": False},
-            "amp": {"enabled": True, "opt_level": "O1"},
-            "sparse_attention": {"mode": "fixed", "block": 16},
-            "elasticity": {"enabled": False, "max_train_batch_size": 2000},
-            "tensor_parallel": {"autotp_size": 2},
-            "compression_training": {
-                "weight_quantization": {
-                    "shared_parameters": {"enabled": True, "quantization_type": "symmetric"},
-                    "different_groups": {
-                        "wq1": {
-                            "params": {"start_bits": 8, "target_bits": 8},
-                            "modules": ["attention"],
-                        }
-                    },
-                }
-            },
-            "data_efficiency": {
-                "enabled": True,
-                "data_sampling": {
-                    "curriculum_learning": {
-                        "enabled": True,
-                        "curriculum_metrics": {
-                            "seqlen": {
-                                "min_difficulty": 8,
-                                "schedule_config": {"difficulty_step": 8},
+def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
+    with pytest.raises(ConfigError) as e:
+        parse(
+            {
+                "train_batch_size": 8,
+                "wandb": {"enabled": True},
+                "comet": {"enabled": False},
+                "amp": {"enabled": True, "opt_level": "O1"},
+                "sparse_attention": {"mode": "fixed", "block": 16},
+                "elasticity": {"enabled": False, "max_train_batch_size": 2000},
+                "tensor_parallel": {"autotp_size": 2},
+                "compression_training": {
+                    "weight_quantization": {
+                        "shared_parameters": {"enabled": True, "quantization_type": "symmetric"},
+                        "different_groups": {
+                            "wq1": {
+                                "params": {"start_bits": 8, "target_bits": 8},
+                                "modules": ["attention"],
                             }
                         },
                     }
                 },
-            },
-            "zero_optimization": {"zenflow": {"topk_ratio": 0.05}},
-            "tensorboard": {"enabled": True},
-        }
-    )
-    assert cfg.unimplemented_sections() == [
-        "zero_optimization.zenflow",
-        "wandb",
-        "tensor_parallel",
-        "data_efficiency",
+                "data_efficiency": {
+                    "enabled": True,
+                    "data_sampling": {
+                        "curriculum_learning": {
+                            "enabled": True,
+                            "curriculum_metrics": {
+                                "seqlen": {
+                                    "min_difficulty": 8,
+                                    "schedule_config": {"difficulty_step": 8},
+                                }
+                            },
+                        }
+                    },
+                },
+                "zero_optimization": {"zenflow": {"topk_ratio": 0.05}},
+                "tensorboard": {"enabled": True},
+            }
+        )
+    refused = [p.split(":")[0] for p in e.value.problems]
+    assert sorted(refused) == [
         "amp",
         "compression_training",
+        "data_efficiency",
         "sparse_attention",
+        "tensor_parallel",
+        "wandb",
+        "zero_optimization.zenflow",
     ]
-    assert parse({}).unimplemented_sections() == []
+    parse({"comet": {"enabled": False}, "elasticity": {"enabled": False}})  # off: accepted
 
 
 def test_nested_typo_inside_an_unimplemented_section_is_still_caught():

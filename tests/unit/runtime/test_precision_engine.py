@@ -28,7 +28,7 @@ def _run(cfg_extra: dict, steps: int, inject_inf_at: set[int] = frozenset()) -> 
         if s in inject_inf_at:
             after = [p.detach().clone() for p in engine.module.parameters()]
             params_before_after[s] = all(torch.equal(a, b) for a, b in zip(before, after))
-        scales.append(engine.loss_scale)
+        scales.append(engine.loss_scaler.loss_scale if engine.loss_scaler else 1.0)
     masters = [m.detach().clone() for m in engine.strategy.masters.masters]
     model = [p.detach().clone() for p in engine.module.parameters()]
     return {

@@ -36,7 +36,7 @@ def _run(stage: int) -> dict:
             unchanged = all(torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
     return {
         "skipped": engine.skipped_steps,
-        "scale": engine.loss_scale,
+        "scale": engine.loss_scaler.loss_scale if engine.loss_scaler else 1.0,
         "unchanged": unchanged,
         "params": [p.detach().float().clone() for p in engine.module.parameters()],
     }

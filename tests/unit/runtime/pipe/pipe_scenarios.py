@@ -77,7 +77,11 @@ def checkpointed() -> dict[str, Any]:
 def fp16(power: int = 8, **extra: Any) -> dict[str, Any]:
     engine = _engine(_module(), fp16={"enabled": True, "initial_scale_power": power}, **extra)
     losses = _train(engine, 3)
-    return {"losses": losses, "scale": engine.loss_scale, "skipped": engine.skipped_steps}
+    return {
+        "losses": losses,
+        "scale": engine.loss_scaler.loss_scale if engine.loss_scaler else 1.0,
+        "skipped": engine.skipped_steps,
+    }
 
 
 def _reentrant(function: Any, *args: Any) -> Any:

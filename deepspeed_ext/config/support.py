@@ -1,0 +1,257 @@
+"""What the runtime does with each config key it accepts but does not run.
+
+[Note: config honesty]
+Every field of the typed config is one of:
+- honoured: the runtime reads it (tests/unit/config/test_config_honesty.py records which
+  fields the runtime reads while it trains, saves and loads, and fails on a field that is
+  neither read nor listed here);
+- REFUSED: setting it (a value other than the default, or turning the section on) is a config
+  error that names the key, found when the config is parsed, so before any rank starts;
+- NOTED: it can only change speed or logging, never what training computes; a value other
+  than the default is reported once as having no effect here;
+- INERT: upstream's own behaviour makes it a no-op here (a guard this runtime never needs);
+  accepted quietly, listed in the README.
+A section path covers every key inside it. A section is "set" when it is turned on (its
+`active()`); a key when its value differs from the default, or is not among `allowed`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from .types import Section
+
+if TYPE_CHECKING:
+    from .model import DeepSpeedConfig
+
+
+@dataclass(frozen=True)
+class Rule:
+    why: str
+    allowed: tuple[Any, ...] | None = None  # values that are fine besides the default
+    # refused only when this also holds (for keys whose meaning depends on another key)
+    when: Callable[[Any], bool] | None = None
+
+
+_ZEROPP = "ZeRO++ (quantized weights/gradients, hierarchical partitions) is not built yet"
+_MICS = "MiCS (sharding within sub-groups) is not built yet"
+_SP = "Ulysses sequence parallelism is not built yet"
+_OBS = "(not built yet)"
+_UNBUILT = "(not built yet)"
+
+REFUSED: dict[str, Rule] = {
+    # whole sections (refused when turned on)
+    "amp": Rule("NVIDIA apex AMP is not supported; use fp16 or bf16"),
+    "autotuning": Rule(f"the autotuner {_UNBUILT}"),
+    "comet": Rule("the Comet monitor is not built yet; use csv_monitor or jsonl_monitor"),
+    "wandb": Rule("the W&B monitor is not built yet; use csv_monitor or jsonl_monitor"),
+    "comms_logger": Rule(f"the communication logger {_OBS}"),
+    "flops_profiler": Rule(f"the FLOPs profiler {_OBS}"),
+    "compile": Rule(f"DeepCompile {_UNBUILT}"),
+    "compression_training": Rule(f"compression training {_UNBUILT}"),
+    "curriculum_learning": Rule(f"curriculum learning {_UNBUILT}"),
+    "data_efficiency": Rule(f"data efficiency (curriculum, random-LTD) {_UNBUILT}"),
+    "eigenvalue": Rule(f"eigenvalue computation {_UNBUILT}"),
+    "elasticity": Rule(f"elastic training {_UNBUILT}"),
+    "expert_parallel": Rule(f"expert parallelism (MoE) {_UNBUILT}"),
+    "hybrid_engine": Rule(f"the hybrid (RLHF) engine {_UNBUILT}"),
+    "nebula": Rule(f"Nebula checkpointing {_UNBUILT}"),
+    "progressive_layer_drop": Rule(f"progressive layer drop {_UNBUILT}"),
+    "quantize_training": Rule(f"quantization-aware training {_UNBUILT}"),
+    "sparse_attention": Rule("the sparse_attention section is not built yet"),
+    "tensor_parallel": Rule(f"automatic tensor parallelism {_UNBUILT}"),
+    "torch_autocast": Rule(f"torch.autocast mixed precision {_UNBUILT}; use fp16 or bf16"),
+    "weight_quantization": Rule(f"weight quantization {_UNBUILT}"),
+    "zero_optimization.zenflow": Rule(f"ZenFlow {_UNBUILT}"),
+    "datastates_ckpt": Rule(f"DataStates checkpointing {_UNBUILT}", allowed=(False,)),
+    # single keys
+    "sparse_gradients": Rule(f"sparse embedding gradients {_UNBUILT}"),
+    "graph_harvesting": Rule(f"CUDA-graph harvesting {_UNBUILT}"),
+    "sequence_parallel_size": Rule(_SP, allowed=(1,)),
+    "use_data_before_expert_parallelism": Rule(f"expert parallelism (MoE) {_UNBUILT}"),
+    "disable_allgather": Rule(f"replacing the all-gather by broadcasts {_UNBUILT}"),
+    "communication_data_type": Rule(
+        "reducing gradients in another dtype than they accumulate in (data_types."
+        "grad_accum_dtype, fp32 unless set) is not built yet; set the two alike",
+        when=lambda cfg: cfg.communication_data_type != (cfg.data_types.grad_accum_dtype or "fp32"),
+    ),
+    "fp16.auto_cast": Rule("casting inputs to fp16 is not built yet; cast them in the model"),
+    "fp16.fp16_master_weights_and_grads": Rule(f"fp16 master weights {_UNBUILT}"),
+    "bf16.bf16_master_weights_and_grads": Rule(f"bf16 master weights {_UNBUILT}"),
+    "bf16.bf16_optimizer_states": Rule(f"bf16 optimizer states {_UNBUILT}"),
+    "data_types.param_dtype": Rule(f"a separate parameter dtype {_UNBUILT}"),
+    "data_types.buffer_dtype": Rule(f"a separate buffer dtype {_UNBUILT}"),
+    "data_types.keep_in_fp32_modules": Rule(f"keeping modules in fp32 {_UNBUILT}"),
+    "checkpoint.load_universal": Rule(f"universal checkpoints {_UNBUILT}"),
+    "checkpoint.use_node_local_storage": Rule(
+        "node-local checkpoint storage is not built yet; save to a shared path"
+    ),
+    "checkpoint.writer.type": Rule(
+        "the MOCK writer writes nothing, which would lose checkpoints silently",
+        allowed=("PYTHON",),
+    ),
+    "zero_optimization.compute_grad_norm": Rule(f"skipping the gradient norm {_UNBUILT}"),
+    "zero_optimization.load_from_fp32_weights": Rule(
+        f"restoring the fp32 masters from the 16-bit weights {_UNBUILT}"
+    ),
+    "zero_optimization.ignore_unused_parameters": Rule(
+        f"failing on parameters that got no gradient {_UNBUILT}"
+    ),
+    "zero_optimization.legacy_stage1": Rule("legacy stage 1 was removed upstream; drop it"),
+    "zero_optimization.zero_hpz_partition_size": Rule(_ZEROPP),
+    "zero_optimization.zero_quantized_weights": Rule(_ZEROPP),
+    "zero_optimization.zero_quantized_nontrainable_weights": Rule(_ZEROPP),
+    "zero_optimization.zero_quantized_gradients": Rule(_ZEROPP),
+    "zero_optimization.zeropp_loco_param": Rule(_ZEROPP),
+    "zero_optimization.mics_shard_size": Rule(_MICS),
+    "zero_optimization.mics_hierarchical_params_gather": Rule(_MICS),
+    "zero_optimization.pipeline_loading_checkpoint": Rule(
+        f"pipelined checkpoint loading {_UNBUILT}"
+    ),
+    "zero_optimization.enable_sanity_checks": Rule(f"ZeRO-3 sanity checks {_UNBUILT}"),
+    "zero_optimization.save_muon_momentum_buffer_in_memory": Rule(f"the Muon optimizer {_UNBUILT}"),
+    "zero_optimization.offload_optimizer.ratio": Rule(f"partial optimizer offload {_UNBUILT}"),
+    "zero_optimization.offload_optimizer.super_offload": Rule(f"SuperOffload {_UNBUILT}"),
+    "aio.use_gds": Rule(f"GPUDirect Storage {_UNBUILT}"),
+}
+
+_SPEED = "it tunes speed only and this runtime does not use it"
+NOTED: dict[str, str] = {
+    "zero_optimization.contiguous_gradients": "gradients always go into contiguous buckets",
+    "zero_optimization.reduce_scatter": "stages 1-2 always reduce-scatter gradients",
+    "zero_optimization.use_multi_rank_bucket_allreduce": _SPEED,
+    "zero_optimization.allgather_partitions": "stages 1-2 always all-gather updated partitions",
+    "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather one bucket at a time",
+    "zero_optimization.overlap_comm": "gradient reduction always overlaps backward",
+    "zero_optimization.round_robin_gradients": _SPEED,
+    "zero_optimization.elastic_checkpoint": "checkpoints always load at another world size",
+    "zero_optimization.parameter_alignment": _SPEED,
+    "zero_optimization.memory_efficient_linear": _SPEED,
+    "zero_optimization.log_trace_cache_warnings": "no trace cache here to warn about",
+    "zero_optimization.stage3_module_granularity_threshold": _SPEED,
+    "zero_optimization.stage3_use_all_reduce_for_fetch_params": _SPEED,
+    "zero_optimization.stage3_allgather_sequential": _SPEED,
+    "zero_optimization.offload_optimizer.buffer_count": _SPEED,
+    "zero_optimization.offload_optimizer.pin_memory": "host buffers are pinned whenever a GPU is",
+    "zero_optimization.offload_optimizer.pipeline_read": _SPEED,
+    "zero_optimization.offload_optimizer.pipeline_write": _SPEED,
+    "zero_optimization.offload_optimizer.fast_init": _SPEED,
+    "zero_optimization.offload_optimizer.cpuadam_cores_perc": _SPEED,
+    "bf16.immediate_grad_update": _SPEED,
+    "optimizer.legacy_fusion": "upstream ignores it too",
+    "disable_python_gc": _SPEED,
+    "checkpoint.parallel_write": _SPEED,
+    "checkpoint.checkpoint_serialization": "checkpoints always use torch's zip format",
+    "checkpoint.writer": _SPEED,
+    "pipeline.pipe_partitioned": "it only applies with tensor slicing, not built yet",
+    "pipeline.grad_partitioned": "it only applies with tensor slicing, not built yet",
+}
+
+INERT: dict[str, str] = {
+    # upstream reads these only in deepspeed.checkpointing.configure(), which model code
+    # calls; that module is not built yet, so such code fails at its import, never silently
+    "activation_checkpointing": "read by deepspeed.checkpointing, which the model calls",
+    "seq_parallel_communication_data_type": "it applies with sequence_parallel_size > 1 only",
+}
+
+# Keys the config parser itself consumes.
+PARSER_KEYS = frozenset({"strict"})
+
+
+def leaf_fields(cls: type[BaseModel] = None, path: str = "") -> Iterator[tuple[str, type, str]]:  # type: ignore[assignment]
+    """(dotted path, owning class, field name) of every leaf of the typed config."""
+    if cls is None:
+        from .model import DeepSpeedConfig
+
+        cls = DeepSpeedConfig
+    for name, field in cls.model_fields.items():
+        here = f"{path}.{name}" if path else name
+        section = _section_type(field.annotation)
+        if section is None:
+            yield here, cls, name
+        else:
+            yield from leaf_fields(section, here)
+
+
+def _section_type(annotation: Any) -> type[BaseModel] | None:
+    from typing import get_args
+
+    for a in get_args(annotation) or (annotation,):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def covered(path: str) -> str | None:
+    """Which registry classifies this path (or an enclosing section), if any."""
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        here = ".".join(parts[:i])
+        for name, table in (("REFUSED", REFUSED), ("NOTED", NOTED), ("INERT", INERT)):
+            if here in table:
+                return name
+    return "PARSER_KEYS" if path in PARSER_KEYS else None
+
+
+def _lookup(cfg: Any, path: str) -> tuple[Any, Any, bool]:
+    """(owner, value, present) for a dotted path; absent when an optional section is None."""
+    owner: Any = None
+    value: Any = cfg
+    for part in path.split("."):
+        if value is None:
+            return owner, None, False
+        owner, value = value, getattr(value, part)
+    return owner, value, True
+
+
+def _is_set(cfg: Any, path: str, allowed: tuple[Any, ...] | None = None) -> bool:
+    owner, value, present = _lookup(cfg, path)
+    if not present:
+        return False
+    if isinstance(value, Section):
+        return value.active()
+    default = (
+        type(owner).model_fields[path.rsplit(".", 1)[-1]].get_default(call_default_factory=True)
+    )
+    return value != default and not (allowed and value in allowed)
+
+
+def refused(cfg: DeepSpeedConfig) -> list[str]:
+    out = []
+    for path, rule in REFUSED.items():
+        if _is_set(cfg, path, rule.allowed) and (rule.when is None or rule.when(cfg)):
+            section = isinstance(_lookup(cfg, path)[1], Section)
+            fix = "remove the section or turn it off" if section else "remove it"
+            out.append(f"{path}: {rule.why}; {fix} (or set it to its default)")
+    return out
+
+
+def noted(cfg: DeepSpeedConfig) -> list[str]:
+    """One line per NOTED key the config sets."""
+    return [
+        f"{path} has no effect here: {why}" for path, why in NOTED.items() if _is_set(cfg, path)
+    ]
+
+
+def markdown() -> str:
+    """docs/config-support.md: what each listed key does here (a test keeps it current)."""
+    lines = [
+        "# Config keys this runtime does not run",
+        "",
+        "Generated from `deepspeed_ext/config/support.py` ([Note: config honesty]); every key "
+        "not listed here is honoured. A refused key is an error when set (a section: when "
+        "turned on); a noted key set to a value other than its default is reported once; an "
+        "inert key is accepted quietly.",
+        "",
+        "| key | here | why |",
+        "|---|---|---|",
+    ]
+    rows = [(p, "refused", r.why) for p, r in REFUSED.items()]
+    rows += [(p, "noted", why) for p, why in NOTED.items()]
+    rows += [(p, "inert", why) for p, why in INERT.items()]
+    lines += [f"| `{p}` | {kind} | {why} |" for p, kind, why in sorted(rows)]
+    return "\n".join(lines) + "\n"

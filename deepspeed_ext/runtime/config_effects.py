@@ -1,0 +1,55 @@
+"""Config keys that act once, as the engine starts: the log level, the keys that have no
+effect here (said once, [Note: config honesty]), upstream's vocabulary-size hint, and
+dump_state."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from deepspeed_ext.config import support
+from deepspeed_ext.utils.logging import logger
+
+# Tensor cores want matrix sides in multiples of 8 (upstream's hint uses the same).
+_TENSOR_CORE_ALIGN = 8
+
+
+def at_start(config: Any) -> None:
+    if config.log_level is not None:
+        level = logging.getLevelName(str(config.log_level).upper())
+        if not isinstance(level, int):
+            raise ValueError(
+                f"log_level {config.log_level!r} is not a logging level; use one of debug, "
+                "info, warning, error, critical"
+            )
+        logger.setLevel(level)
+    for line in support.noted(config):
+        logger.warning(line)
+    vocab = config.vocabulary_size
+    if vocab is not None and vocab % _TENSOR_CORE_ALIGN:
+        logger.warning(
+            f"vocabulary_size {vocab} is not a multiple of {_TENSOR_CORE_ALIGN}: the embedding "
+            "and output layers run slower on tensor cores; pad the vocabulary"
+        )
+
+
+def dump_state(engine: Any) -> None:
+    """dump_state: the engine's effective set-up, once, on rank 0."""
+    if not engine.config.dump_state:
+        return
+    state = {
+        "layout": engine.layout.describe(),
+        "zero_stage": engine.zero_optimization_stage(),
+        "strategy": type(engine.strategy).__name__,
+        "optimizer": type(engine.optimizer).__name__ if engine.optimizer is not None else None,
+        "lr_scheduler": type(engine.lr_scheduler).__name__ if engine.lr_scheduler else None,
+        "loss_scaler": type(engine.loss_scaler).__name__ if engine.loss_scaler else None,
+        "batch": {
+            "train_batch_size": engine.train_batch_size(),
+            "micro_batch": engine.train_micro_batch_size_per_gpu(),
+            "gradient_accumulation_steps": engine.gradient_accumulation_steps(),
+        },
+        "config": engine.config.to_dict(),
+    }
+    logger.info("engine state:\n" + json.dumps(state, indent=2, default=str))
