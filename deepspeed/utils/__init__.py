@@ -1,5 +1,17 @@
 from deepspeed_ext.runtime.dataloader import RepeatingLoader
 from deepspeed_ext.utils.logging import log_dist, logger
+from deepspeed_ext.zero.fragments import (
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_optimizer_state,
+    safe_set_local_fp32_param,
+    safe_set_local_optimizer_state,
+)
 from deepspeed_ext.zero.stage3 import (
     get_z3_leaf_modules,
     set_z3_leaf_modules,
@@ -13,6 +25,16 @@ __all__ = [
     "get_z3_leaf_modules",
     "log_dist",
     "logger",
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
+    "safe_set_full_fp32_param",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_optimizer_state",
     "set_z3_leaf_modules",
     "unset_z3_leaf_modules",
     "z3_leaf_module",

@@ -10,6 +10,7 @@ import torch
 
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.zero.fragments import Fragment, bind, state_owner
 from deepspeed_ext.zero.module_state import load_module_state, module_state
 from deepspeed_ext.zero.named_state import NamedState, is_per_element, missing_names
 from deepspeed_ext.zero.norms import sum_of_squares
@@ -35,6 +36,9 @@ class DataParallelStrategy:
         ]
         self.model_groups = [g for g in trainable if g["params"]]
         self.mixed_grads_ok = False
+        self.dp = ctx.data
+        self.optimizer: Any = None
+        self._trainable = {id(p) for g in self.model_groups for p in g["params"]}
 
     @property
     def sync_enabled(self) -> bool:
@@ -69,6 +73,22 @@ class DataParallelStrategy:
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Nothing to move (stage 3 sends NVMe-offloaded optimizer state to its files)."""
+        self.optimizer = optimizer
+        bind(list(self.module.parameters()), self)
+
+    # -- [Note: param fragments]: the whole parameter on every rank --
+    def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
+        if id(p) not in self._trainable:
+            return None
+        master = self.masters.master_of[id(p)]
+        owner = state_owner(self.optimizer, master, which, self.grads.buckets.grad_view(p))
+        return (
+            (Fragment(0, 0, p.numel(), p.shape, 0, self.dp), owner) if owner is not None else None
+        )
+
+    @torch.no_grad()
+    def write_model_param(self, p: Any, value: torch.Tensor) -> None:
+        p.data.copy_(value.reshape(p.shape))
 
     def optimizer_step(self, optimizer: Any) -> None:
         optimizer.step()

@@ -12,6 +12,7 @@ import torch
 from deepspeed_ext.comm import all_gather_bucket, sum_over
 
 from . import checkpoint
+from .fragments import Fragment, bind, state_owner
 from .layout import GroupLayout, plan_group
 from .module_state import load_module_state, module_state
 from .named_state import NamedState, is_per_element, missing_names
@@ -101,6 +102,26 @@ class ZeroStrategy:
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """Nothing to move (stage 3 sends NVMe-offloaded optimizer state to its files)."""
+        self.optimizer = optimizer
+        bind(list(self.module.parameters()), self)
+
+    # -- [Note: param fragments]: a param's part of its bucket's chunk on each rank --
+    def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
+        for grp in self.groups:
+            slot = grp.slot_of.get(id(p))
+            if slot is None:
+                continue
+            b = slot.bucket
+            chunk = grp.layout.buckets[b].chunk(self.world)
+            frag = Fragment(chunk, slot.offset, slot.numel, p.shape, self.rank, self.dp)
+            grad = grp.grads[b] if grp.grads else None
+            owner = state_owner(self.optimizer, grp.masters[b], which, grad)
+            return (frag, owner) if owner is not None else None
+        return None
+
+    @torch.no_grad()
+    def write_model_param(self, p: Any, value: torch.Tensor) -> None:
+        p.data.copy_(value.reshape(p.shape))  # a view into the flat buffer every rank holds
 
     def optimizer_step(self, optimizer: Any) -> None:
         optimizer.step()

@@ -30,7 +30,22 @@ SURFACE = {
         "OffloadDeviceEnum",
     ],
     "deepspeed.runtime.utils": ["RepeatingLoader", "see_memory_usage"],
-    "deepspeed.utils": ["groups", "log_dist", "logger", "set_z3_leaf_modules"],
+    "deepspeed.utils": [
+        "groups",
+        "log_dist",
+        "logger",
+        "safe_get_full_fp32_param",
+        "safe_get_full_grad",
+        "safe_get_full_optimizer_state",
+        "safe_get_local_fp32_param",
+        "safe_get_local_grad",
+        "safe_get_local_optimizer_state",
+        "safe_set_full_fp32_param",
+        "safe_set_full_optimizer_state",
+        "safe_set_local_fp32_param",
+        "safe_set_local_optimizer_state",
+        "set_z3_leaf_modules",
+    ],
     "deepspeed.zero": [
         "GatheredParameters",
         "Init",
@@ -203,3 +218,12 @@ def test_see_memory_usage_logs_only_when_forced(caplog: pytest.LogCaptureFixture
         logger.propagate = False
     text = caplog.text
     assert "quiet" not in text and "after init | MA" in text and "CPU Virtual Memory" in text
+
+
+def test_zero_init_refuses_upstream_arguments_it_does_not_run():
+    from deepspeed import zero
+
+    with pytest.raises(ValueError, match="zero_quantized_weights=...\\): quantized weights"):
+        zero.Init(zero_quantized_weights=True)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'remote_devcie'"):
+        zero.Init(remote_devcie="cpu")

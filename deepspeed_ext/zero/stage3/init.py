@@ -78,6 +78,26 @@ def _read_config(config: Any) -> DeepSpeedConfig | None:
     return parse(config) if config is not None else None
 
 
+# upstream's other Init arguments: all belong to features not built yet; their defaults are
+# what this Init does
+_UNBUILT_ARGS = {
+    "zero_param_parallel_group": (None, "hierarchical partitions (ZeRO++ hpZ)"),
+    "zero_quantized_weights": (False, "quantized weights (ZeRO++)"),
+    "zero_quantized_nontrainable_weights": (False, "quantized weights (ZeRO++)"),
+    "sequence_data_parallel_group": (None, "sequence parallelism"),
+    "param_swapper": (None, "a custom parameter swapper"),
+}
+
+
+def _refuse_unbuilt(kwargs: dict[str, Any]) -> None:
+    for name, value in kwargs.items():
+        if name not in _UNBUILT_ARGS:
+            raise TypeError(f"zero.Init() got an unexpected keyword argument {name!r}")
+        default, what = _UNBUILT_ARGS[name]
+        if value is not default and value != default:
+            raise ValueError(f"zero.Init({name}=...): {what} is not built yet; leave it out")
+
+
 class Init:
     def __init__(
         self,
@@ -91,8 +111,9 @@ class Init:
         enabled: bool = True,
         dtype: torch.dtype | None = None,
         mpu: Any = None,
-        **unused: Any,
+        **upstream_only: Any,
     ) -> None:
+        _refuse_unbuilt(upstream_only)
         self.enabled = enabled
         if not enabled:
             return

@@ -15,6 +15,7 @@ from deepspeed_ext.comm import sum_over
 from deepspeed_ext.utils.errors import CheckpointError
 
 from ..backward_end import EndOfBackward
+from ..fragments import Fragment, bind, state_owner
 from ..norms import sum_of_squares
 from ..protocol import RankFiles, StrategyContext
 from . import checkpoint
@@ -171,6 +172,8 @@ class Stage3Strategy:
 
     def attach_optimizer(self, optimizer: Any) -> None:
         """With offload_optimizer nvme, the masters and their states go to swap files."""
+        self.optimizer = optimizer
+        bind(list(self.module.parameters()), self)
         if self.options.optimizer_offload != "nvme" or optimizer is None:
             return
         from .nvme import OptimizerSwap
@@ -315,6 +318,32 @@ class Stage3Strategy:
 
     def zero_grads(self) -> None:
         self.reducer.zero()
+
+    # -- [Note: param fragments]: a param's shard of every rank --
+    def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
+        if id(p) not in self.trainable_ids:
+            return None
+        if self.optimizer_swap is not None:
+            raise ValueError(
+                "the fp32 masters and optimizer states live in NVMe swap files "
+                "(offload_optimizer nvme): read them from a checkpoint instead"
+            )
+        master = self.masters[id(p)]
+        owner = state_owner(self.optimizer, master, which, self.reducer.part[id(p)])
+        frag = Fragment(p.ds_shard_numel, 0, p.ds_numel, p.ds_shape, self.rank, self.dp)
+        return (frag, owner) if owner is not None else None
+
+    @torch.no_grad()
+    def write_model_param(self, p: Any, value: torch.Tensor) -> None:
+        """This rank's shard of the 16-bit (model) parameter, and the whole if gathered."""
+        s = p.ds_shard_numel
+        flat = value.detach().reshape(-1)
+        shard = torch.zeros(s, dtype=p.dtype, device=p.ds_tensor.device)
+        mine = flat[self.rank * s : (self.rank + 1) * s]
+        shard[: mine.numel()].copy_(mine)
+        write_shard(p, shard)
+        if p.ds_status is ZeroParamStatus.AVAILABLE:
+            p.data.copy_(value.reshape(p.ds_shape))
 
     def empty_partition_cache(self) -> None:
         """engine.empty_partition_cache(): release every gathered parameter not in use."""

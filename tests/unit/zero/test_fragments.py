@@ -1,0 +1,59 @@
+"""[Note: param fragments]: deepspeed.utils.safe_get/set_* at ZeRO stages 0-3 on two ranks,
+against a single-process reference (the mean gradient of the two ranks' batches, AdamW's
+first moment after one step), and the ranks' local parts against the whole."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from tests.helpers.distributed import run_ranks
+from tests.unit.runtime.models import batch, mlp
+
+from . import fragment_runs as fr
+
+
+def _reference() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    model = mlp()
+    grads: dict[str, torch.Tensor] = {}
+    for rank in (0, 1):
+        model.zero_grad()
+        x, y = batch(0, rank, size=4)
+        nn.functional.mse_loss(model(x), y).backward()
+        for n, p in model.named_parameters():
+            grads[n] = grads.get(n, 0) + p.grad / 2  # type: ignore[assignment,operator]
+    return {n: p.detach() for n, p in mlp().named_parameters()}, grads
+
+
+@pytest.mark.parametrize(("stage", "bf16"), [(0, False), (1, False), (2, True), (3, False)])
+def test_fragments_match_the_reference(stage: int, bf16: bool):
+    outs: list[dict[str, Any]] = run_ranks(fr.fragments, 2, stage, bf16, timeout=180)
+    params, grads = _reference()
+    tol = {"rtol": 2e-2, "atol": 2e-3} if bf16 else {"rtol": 1e-5, "atol": 1e-6}
+    for out in outs:
+        assert out["frozen"] is None
+        assert "momentum_buffer" in out["no such state"]
+        for n in fr.NAMES:
+            torch.testing.assert_close(out[f"grad {n}"], grads[n], **tol, msg=n)
+            torch.testing.assert_close(out[f"param {n}"], params[n], **tol, msg=n)
+            # AdamW's first moment after one step: (1 - beta1) * grad
+            torch.testing.assert_close(out[f"exp_avg {n}"], 0.1 * out[f"grad {n}"], msg=n)
+        torch.testing.assert_close(out["set param"], torch.full((4,), 0.25))
+        torch.testing.assert_close(out["model param"], torch.full((4,), 0.25))
+    for n in fr.NAMES:
+        for kind in ("grad", "param"):
+            local = torch.cat([o[f"local {kind} {n}"].reshape(-1) for o in outs])
+            whole = outs[0][f"{kind} {n}"].reshape(-1)
+            if stage == 0:  # not partitioned: each rank holds it all
+                local = outs[0][f"local {kind} {n}"].reshape(-1)
+            torch.testing.assert_close(local, whole, msg=f"{kind} {n}")
+
+
+def test_a_param_of_no_engine_is_refused():
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    with pytest.raises(ValueError, match="not trained by a deepspeed engine"):
+        safe_get_full_fp32_param(torch.nn.Parameter(torch.zeros(2)))
