@@ -120,35 +120,41 @@ REFUSED: dict[str, Rule] = {
 }
 
 _SPEED = "it tunes speed only and this runtime does not use it"
-NOTED: dict[str, str] = {
-    "zero_optimization.contiguous_gradients": "gradients always go into contiguous buckets",
-    "zero_optimization.reduce_scatter": "stages 1-2 always reduce-scatter gradients",
-    "zero_optimization.use_multi_rank_bucket_allreduce": _SPEED,
-    "zero_optimization.allgather_partitions": "stages 1-2 always all-gather updated partitions",
-    "zero_optimization.allgather_bucket_size": "stages 1-2 all-gather one bucket at a time",
-    "zero_optimization.overlap_comm": "gradient reduction always overlaps backward",
-    "zero_optimization.round_robin_gradients": _SPEED,
-    "zero_optimization.elastic_checkpoint": "checkpoints always load at another world size",
-    "zero_optimization.parameter_alignment": _SPEED,
-    "zero_optimization.memory_efficient_linear": _SPEED,
-    "zero_optimization.log_trace_cache_warnings": "no trace cache here to warn about",
-    "zero_optimization.stage3_module_granularity_threshold": _SPEED,
-    "zero_optimization.stage3_use_all_reduce_for_fetch_params": _SPEED,
-    "zero_optimization.stage3_allgather_sequential": _SPEED,
-    "zero_optimization.offload_optimizer.buffer_count": _SPEED,
-    "zero_optimization.offload_optimizer.pin_memory": "host buffers are pinned whenever a GPU is",
-    "zero_optimization.offload_optimizer.pipeline_read": _SPEED,
-    "zero_optimization.offload_optimizer.pipeline_write": _SPEED,
-    "zero_optimization.offload_optimizer.fast_init": _SPEED,
-    "zero_optimization.offload_optimizer.cpuadam_cores_perc": _SPEED,
-    "bf16.immediate_grad_update": _SPEED,
-    "optimizer.legacy_fusion": "upstream ignores it too",
-    "disable_python_gc": _SPEED,
-    "checkpoint.parallel_write": _SPEED,
-    "checkpoint.checkpoint_serialization": "checkpoints always use torch's zip format",
-    "checkpoint.writer": _SPEED,
-    "pipeline.pipe_partitioned": "it only applies with tensor slicing, not built yet",
-    "pipeline.grad_partitioned": "it only applies with tensor slicing, not built yet",
+NOTED: dict[str, Rule] = {
+    "zero_optimization.contiguous_gradients": Rule("gradients always go into contiguous buckets"),
+    "zero_optimization.reduce_scatter": Rule("stages 1-2 always reduce-scatter gradients"),
+    "zero_optimization.use_multi_rank_bucket_allreduce": Rule(_SPEED),
+    "zero_optimization.allgather_partitions": Rule(
+        "stages 1-2 always all-gather updated partitions"
+    ),
+    "zero_optimization.allgather_bucket_size": Rule("stages 1-2 all-gather one bucket at a time"),
+    "zero_optimization.overlap_comm": Rule(
+        "gradient reduction always overlaps backward", allowed=(True,)
+    ),
+    "zero_optimization.round_robin_gradients": Rule(_SPEED),
+    "zero_optimization.elastic_checkpoint": Rule("checkpoints always load at another world size"),
+    "zero_optimization.parameter_alignment": Rule(_SPEED),
+    "zero_optimization.memory_efficient_linear": Rule(_SPEED),
+    "zero_optimization.log_trace_cache_warnings": Rule("no trace cache here to warn about"),
+    "zero_optimization.stage3_module_granularity_threshold": Rule(_SPEED),
+    "zero_optimization.stage3_use_all_reduce_for_fetch_params": Rule(_SPEED),
+    "zero_optimization.stage3_allgather_sequential": Rule(_SPEED),
+    "zero_optimization.offload_optimizer.buffer_count": Rule(_SPEED),
+    "zero_optimization.offload_optimizer.pin_memory": Rule(
+        "host buffers are pinned whenever a GPU is"
+    ),
+    "zero_optimization.offload_optimizer.pipeline_read": Rule(_SPEED),
+    "zero_optimization.offload_optimizer.pipeline_write": Rule(_SPEED),
+    "zero_optimization.offload_optimizer.fast_init": Rule(_SPEED),
+    "zero_optimization.offload_optimizer.cpuadam_cores_perc": Rule(_SPEED),
+    "bf16.immediate_grad_update": Rule(_SPEED),
+    "optimizer.legacy_fusion": Rule("upstream ignores it too"),
+    "disable_python_gc": Rule(_SPEED),
+    "checkpoint.parallel_write": Rule(_SPEED),
+    "checkpoint.checkpoint_serialization": Rule("checkpoints always use torch's zip format"),
+    "checkpoint.writer": Rule(_SPEED),
+    "pipeline.pipe_partitioned": Rule("it only applies with tensor slicing, not built yet"),
+    "pipeline.grad_partitioned": Rule("it only applies with tensor slicing, not built yet"),
 }
 
 INERT: dict[str, str] = {
@@ -209,11 +215,16 @@ def _lookup(cfg: Any, path: str) -> tuple[Any, Any, bool]:
 
 
 def _is_set(cfg: Any, path: str, allowed: tuple[Any, ...] | None = None) -> bool:
+    """Whether the user asked for something by this path: a section turned on, or a key
+    given with a value other than its default and `allowed` (a default a validator fills
+    in, as overlap_comm's per stage, is not asked for)."""
     owner, value, present = _lookup(cfg, path)
     if not present:
         return False
     if isinstance(value, Section):
         return value.active()
+    if path.rsplit(".", 1)[-1] not in owner.model_fields_set:
+        return False
     default = (
         type(owner).model_fields[path.rsplit(".", 1)[-1]].get_default(call_default_factory=True)
     )
@@ -233,7 +244,9 @@ def refused(cfg: DeepSpeedConfig) -> list[str]:
 def noted(cfg: DeepSpeedConfig) -> list[str]:
     """One line per NOTED key the config sets."""
     return [
-        f"{path} has no effect here: {why}" for path, why in NOTED.items() if _is_set(cfg, path)
+        f"{path} has no effect here: {rule.why}"
+        for path, rule in NOTED.items()
+        if _is_set(cfg, path, rule.allowed)
     ]
 
 
@@ -251,7 +264,7 @@ def markdown() -> str:
         "|---|---|---|",
     ]
     rows = [(p, "refused", r.why) for p, r in REFUSED.items()]
-    rows += [(p, "noted", why) for p, why in NOTED.items()]
+    rows += [(p, "noted", r.why) for p, r in NOTED.items()]
     rows += [(p, "inert", why) for p, why in INERT.items()]
     lines += [f"| `{p}` | {kind} | {why} |" for p, kind, why in sorted(rows)]
     return "\n".join(lines) + "\n"

@@ -20,10 +20,12 @@ def initialize(
     model_parameters: Any = None,
     training_data: Any = None,
     lr_scheduler: Any = None,
+    distributed_port: int = 29500,
     mpu: Any = None,
     dist_init_required: bool | None = None,
     collate_fn: Any = None,
     config: Any = None,
+    mesh_param: Any = None,
     config_params: Any = None,
 ) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """-> (engine, optimizer, training dataloader or None, lr scheduler or None).
@@ -33,6 +35,11 @@ def initialize(
     data-parallel group ([Note: parallel layout])."""
     if model is None:
         raise ValueError("deepspeed.initialize needs model=<your torch.nn.Module>")
+    if mesh_param is not None:
+        raise ValueError(
+            "deepspeed.initialize(mesh_param=...): device meshes (sequence/tensor parallel "
+            "sizes) are not built yet; leave it out (data and pipeline parallelism need none)"
+        )
     from_args = getattr(args, "deepspeed_config", None) if args is not None else None
     if config is None:
         config = config_params
@@ -47,10 +54,13 @@ def initialize(
             "--deepspeed_config <path> on the command line"
         )
     parsed = parse(config)
-    if parsed.pipeline_parallelism.num_stages is not None or isinstance(model, PipelineModule):
-        from deepspeed_ext import comm
+    from deepspeed_ext import comm
 
-        comm.init_distributed(dist_init_required=dist_init_required, verbose=False)
+    # before any engine: distributed_port is where a launcher-less start rendezvouses
+    comm.init_distributed(
+        dist_init_required=dist_init_required, distributed_port=distributed_port, verbose=False
+    )
+    if parsed.pipeline_parallelism.num_stages is not None or isinstance(model, PipelineModule):
         model = as_pipeline(model, parsed)
     engine_type: Any = PipelineEngine if isinstance(model, PipelineModule) else DeepSpeedEngine
     engine = engine_type(

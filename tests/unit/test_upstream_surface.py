@@ -227,3 +227,22 @@ def test_zero_init_refuses_upstream_arguments_it_does_not_run():
         zero.Init(zero_quantized_weights=True)
     with pytest.raises(TypeError, match="unexpected keyword argument 'remote_devcie'"):
         zero.Init(remote_devcie="cpu")
+
+
+def test_initialize_takes_upstreams_arguments_and_refuses_a_mesh():
+    import inspect
+
+    import deepspeed
+
+    names = list(inspect.signature(deepspeed.initialize).parameters)
+    assert names[:6] == [
+        "args",
+        "model",
+        "optimizer",
+        "model_parameters",
+        "training_data",
+        "lr_scheduler",
+    ]
+    assert {"distributed_port", "mesh_param", "config_params", "collate_fn"} <= set(names)
+    with pytest.raises(ValueError, match="mesh_param=...\\): device meshes"):
+        deepspeed.initialize(model=torch.nn.Linear(2, 2), config={}, mesh_param=(2, 2))

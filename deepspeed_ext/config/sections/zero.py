@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from ..types import Bool, FreeDict, Int, Section, Whole
-from .leaf_module import LeafModuleConfig
+from .leaf_module import LeafModuleConfig, Names
 from .offload import OffloadOptimizerConfig, OffloadParamConfig
 from .zenflow import ZenFlowConfig
 
@@ -64,6 +64,12 @@ class ZeroConfig(Section):
     enable_sanity_checks: Bool = False
     save_muon_momentum_buffer_in_memory: Bool = False
     leaf_module: LeafModuleConfig = LeafModuleConfig()
+    # Stage 3 keeps a parameter whole on every rank (as one under the persistence threshold:
+    # never gathered; its fp32 master and optimizer state stay partitioned) when the module
+    # that owns it directly is of a class in zero_force_param_types, or, with
+    # zero_allowed_param_types given, of a class not in it. Classes by name or dotted path.
+    zero_allowed_param_types: Names | None = None
+    zero_force_param_types: Names = ()
     # Removed upstream in 0.19.x (MiCS, LoCo-ZeRO++); still accepted from older configs.
     mics_shard_size: Int = -1
     mics_hierarchical_params_gather: Bool = False

@@ -27,6 +27,7 @@ from deepspeed_ext.comm import group_broadcast, init_distributed, is_initialized
 from deepspeed_ext.comm.layout import data_axis
 from deepspeed_ext.config import DeepSpeedConfig, parse
 
+from .kept_whole import kept_whole
 from .param import convert, is_zero_param
 
 _DEFAULT_PERSISTENCE = 100_000
@@ -124,6 +125,8 @@ class Init:
         )
         offload = zero.offload_param.device if zero and zero.offload_param else "none"
         self.override_apply = bool(zero.override_module_apply) if zero else True
+        self.allowed_types = zero.zero_allowed_param_types if zero else None
+        self.forced_types = zero.zero_force_param_types if zero else ()
         remote = remote_device if remote_device is not None else offload
         self.shard_device = (
             torch.device("cpu") if str(remote).lower() in ("cpu", "nvme") else self._device()
@@ -154,6 +157,7 @@ class Init:
     @torch.no_grad()
     def partition_module(self, module: torch.nn.Module) -> None:
         p: Any
+        whole = kept_whole(module, self.allowed_types, self.forced_types)
         for name, p in module.named_parameters():
             if is_zero_param(p):
                 continue
@@ -161,7 +165,7 @@ class Init:
             full = p.data.to(self._device(), dtype=self.dtype or p.dtype)
             group_broadcast(full, self.group)  # every replica starts from its group's rank 0
             p.data = full
-            persist = p.numel() <= self.persistence
+            persist = p.numel() <= self.persistence or id(p) in whole
             convert(p, self.group, self.shard_device, full.device, persist)
             if self.pin_memory and self.shard_device.type == "cpu" and full.device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()

@@ -21,6 +21,7 @@ from ..protocol import RankFiles, StrategyContext
 from . import checkpoint
 from .gather import gather_params, release_params
 from .hooks import ModuleHooks
+from .kept_whole import kept_whole
 from .leaf import mark_config_leaves
 from .param import (
     ZeroParamStatus,
@@ -55,6 +56,8 @@ class Stage3Options:
         self.optimizer_nvme_path = getattr(opt, "nvme_path", None)
         self.sub_group_numel = int(zero_cfg.sub_group_size)
         self.leaf_module = zero_cfg.leaf_module
+        self.allowed_types = zero_cfg.zero_allowed_param_types
+        self.forced_types = zero_cfg.zero_force_param_types
         self.aio = {k: v for k, v in (aio or {}).items() if k != "use_gds"}
 
 
@@ -118,6 +121,7 @@ class Stage3Strategy:
         """Partition what zero.Init did not, in module order (ds_id equal on every rank)."""
         shard_device = torch.device("cpu") if self.options.param_offload != "none" else device
         persistent_left = self.options.model_persistence_threshold
+        whole = kept_whole(module, self.options.allowed_types, self.options.forced_types)
         p: Any
         for name, p in module.named_parameters():
             p.ds_name = name
@@ -129,7 +133,7 @@ class Stage3Strategy:
             )
             if persist:
                 persistent_left -= p.numel()
-            convert(p, self.dp, shard_device, device, persist)
+            convert(p, self.dp, shard_device, device, persist or id(p) in whole)
             if self.options.pin_memory and shard_device.type == "cpu" and device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()  # host-to-device copies run async
 

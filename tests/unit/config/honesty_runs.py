@@ -147,6 +147,8 @@ def _zero3_nvme(d: str) -> dict[str, Any]:
             "stage3_gather_16bit_weights_on_model_save": True,
             "leaf_module": {"names": ["0"], "name_suffixes": ["2"], "classes": ["GELU"]},
             "override_module_apply": False,
+            "zero_allowed_param_types": ["Linear"],
+            "zero_force_param_types": ["LayerNorm"],
         },
     )
 

@@ -143,6 +143,30 @@ def single_rank() -> dict[str, Any]:
     engine.backward(nn.functional.mse_loss(engine(x), y))
     engine.step()
     engine.destroy()
+    # zero_allowed_param_types / zero_force_param_types: which params stage 3 keeps whole
+    def normed() -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 8), nn.LayerNorm(8), nn.Linear(8, 4))
+
+    kinds = {
+        "force": {"zero_force_param_types": ["LayerNorm"]},
+        "allow": {"zero_allowed_param_types": "torch.nn.modules.linear.Linear"},
+    }
+    for kind, keys in kinds.items():
+        zero3 = {"stage": 3, "stage3_param_persistence_threshold": 0, **keys}
+        for built in ("engine", "zero.Init"):
+            if built == "zero.Init":
+                with Init(config_dict_or_path={"zero_optimization": zero3}):
+                    model = normed()
+            else:
+                model = normed()
+            engine = _engine({"zero_optimization": zero3}, model, optimizer=_sgd)
+            whole = [n for n, p in engine.module.named_parameters() if p.ds_persist]
+            out[f"whole {kind} {built}"] = whole
+            x, y = batch(0, 0, size=4)
+            engine.backward(nn.functional.mse_loss(engine(x), y))
+            engine.step()
+            engine.destroy()
     # the convenience wrapper some guides use
     import json
     import tempfile

@@ -99,6 +99,12 @@ def test_leaf_modules_from_the_config_and_module_apply(one_rank: dict[str, Any])
     assert one_rank["apply patched"] == {True: True, False: False}
 
 
+def test_param_types_kept_whole_by_stage_3(one_rank: dict[str, Any]):
+    for built in ("engine", "zero.Init"):
+        assert one_rank[f"whole force {built}"] == ["1.weight", "1.bias"]
+        assert one_rank[f"whole allow {built}"] == ["1.weight", "1.bias"]
+
+
 def test_min_loss_scale_may_be_a_float_floor():
     from deepspeed_ext.runtime.precision import make_loss_scaler
 
