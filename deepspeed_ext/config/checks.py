@@ -20,6 +20,11 @@ def _precision(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
         out.append("fp16.enabled and bf16.enabled are both true; enable one of them")
     if cfg.amp is not None and cfg.amp.enabled and (cfg.fp16.enabled or cfg.bf16.enabled):
         out.append("amp.enabled cannot be combined with fp16.enabled or bf16.enabled")
+    if cfg.fp16_override_modules and not (cfg.fp16.enabled or cfg.bf16.enabled):
+        out.append(
+            "fp16_override_modules keeps modules in fp32 inside a 16-bit model: enable "
+            "fp16 or bf16, or remove it"
+        )
     fp16 = cfg.fp16
     if fp16.enabled and fp16.dynamic_loss_scale:  # only dynamic scaling uses these two
         for key in ("loss_scale_window", "min_loss_scale"):

@@ -91,6 +91,9 @@ class DeepSpeedConfig(BaseModel):
     bf16: BF16Config = BF16Config()
     torch_autocast: TorchAutocastConfig = TorchAutocastConfig()
     data_types: DataTypesConfig = DataTypesConfig()
+    # Module types (class names or dotted paths, e.g. ["LayerNorm"]) that compute in fp32
+    # inside an fp16/bf16 model (runtime/precision/fp32_modules.py).
+    fp16_override_modules: tuple[Str, ...] = ()
 
     # -- gradient communication ------------------------------------------------------------------
     prescale_gradients: Bool = False

@@ -10,7 +10,7 @@ from typing import Any, Union
 
 from pydantic import ValidationError
 
-from . import aliases, checks, messages, schema
+from . import aliases, checks, messages, schema, support
 from .errors import ConfigError, ConfigWarning, DeprecatedConfigKeyWarning
 from .model import DeepSpeedConfig
 from .source import load
@@ -27,6 +27,8 @@ def parse(config: ConfigSource) -> DeepSpeedConfig:
 
 
 def _unknown(path: str, suggestion: str | None) -> str:
+    if path in support.NOT_YET:
+        return f"{path}: {support.NOT_YET[path]}; remove it"
     hint = f'; did you mean "{suggestion}"?' if suggestion else ""
     return f"{path}: unknown key{hint}"
 
@@ -48,6 +50,9 @@ def build(
         warnings.warn(f"DeepSpeed config: {message}", DeprecatedConfigKeyWarning, stacklevel=3)
     problems = list(rewritten.errors)
     found = schema.scan(DeepSpeedConfig, rewritten.data)
+    # keys of features not built yet are errors even with "strict": false
+    problems += [_unknown(path, hint) for path, hint in found.unknown if path in support.NOT_YET]
+    found.unknown = [(path, hint) for path, hint in found.unknown if path not in support.NOT_YET]
     if found.unknown and rewritten.data.get("strict", True) is False:
         ignored = ", ".join(_ignored(path, hint) for path, hint in found.unknown)
         warnings.warn(

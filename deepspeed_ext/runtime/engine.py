@@ -31,6 +31,7 @@ from .lr_schedules import get_lr_scheduler
 from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
 from .precision import make_loss_scaler
+from .precision.fp32_modules import compute_in_fp32
 from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
@@ -79,6 +80,9 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             self.module.half()
         elif config.bf16.enabled:
             self.module.to(torch.bfloat16)
+        if config.fp16_override_modules:
+            dtype = torch.float16 if config.fp16.enabled else torch.bfloat16
+            compute_in_fp32(self.module, config.fp16_override_modules, dtype)
         self._broadcast_module()
 
         params = [p for p in self.module.parameters()]

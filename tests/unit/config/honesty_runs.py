@@ -119,6 +119,7 @@ def _zero2_fp16(d: str) -> dict[str, Any]:
             "consecutive_hysteresis": True,
         },
         gradient_predivide_factor=2.0,
+        fp16_override_modules=["GELU"],
         zero_force_ds_cpu_optimizer=False,
         zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
     )

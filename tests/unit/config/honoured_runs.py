@@ -87,6 +87,51 @@ class _Capture(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+class Probe(nn.Module):
+    """Records the dtypes its forward computes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((16,), 1.5))
+        self.seen: list[tuple[str, str]] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append((str(x.dtype), str(self.scale.dtype)))
+        return x * self.scale
+
+
+def fp32_modules() -> dict[str, Any]:
+    """fp16_override_modules at stages 0 and 3."""
+    out: dict[str, Any] = {}
+    for stage in (0, 3):
+        torch.manual_seed(0)
+        model = nn.Sequential(Probe(), mlp())
+        cfg = {
+            "fp16": {"enabled": True, "initial_scale_power": 4},
+            "fp16_override_modules": ["Probe"],
+            "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        }
+        engine = _engine(cfg, model, optimizer=_sgd)
+        x, y = batch(0, 0, size=4)
+        before = _params(engine)["0.scale"]
+        result = engine(x.half())
+        engine.backward(nn.functional.mse_loss(result.float(), y))
+        engine.step()
+        probe = engine.module.get_submodule("0")
+        out[stage] = {
+            "seen": probe.seen[0],
+            "out": str(result.dtype),
+            "stored": str(_params_dtype(engine, "0.scale")),
+            "moved": bool((_params(engine)["0.scale"] != before).any()),
+        }
+        engine.destroy()
+    return out
+
+
+def _params_dtype(engine: Any, name: str) -> torch.dtype:
+    return dict(engine.module.named_parameters())[name].dtype
+
+
 def single_rank() -> dict[str, Any]:
     from deepspeed_ext.utils.logging import logger
 
@@ -143,6 +188,7 @@ def single_rank() -> dict[str, Any]:
     engine.backward(nn.functional.mse_loss(engine(x), y))
     engine.step()
     engine.destroy()
+
     # zero_allowed_param_types / zero_force_param_types: which params stage 3 keeps whole
     def normed() -> nn.Module:
         torch.manual_seed(0)

@@ -186,3 +186,10 @@ def test_the_docs_list_is_current() -> None:
 def test_keys_the_user_did_not_give_are_never_noted() -> None:
     assert support.noted(parse({})) == []
     assert support.noted(parse({"zero_optimization": {"stage": 3, "overlap_comm": True}})) == []
+
+
+@pytest.mark.parametrize("key", sorted(support.NOT_YET))
+def test_keys_of_features_not_built_are_named_not_misspelt(key: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse({key: 2})
+    assert e.value.problems == [f"{key}: {support.NOT_YET[key]}; remove it"]

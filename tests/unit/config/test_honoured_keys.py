@@ -105,6 +105,22 @@ def test_param_types_kept_whole_by_stage_3(one_rank: dict[str, Any]):
         assert one_rank[f"whole allow {built}"] == ["1.weight", "1.bias"]
 
 
+def test_fp16_override_modules_compute_in_fp32_at_stages_0_and_3():
+    out = run_ranks(hr.fp32_modules, 1, timeout=120)[0]
+    for stage in (0, 3):
+        assert out[stage] == {
+            "seen": ("torch.float32", "torch.float32"),  # inputs and own params cast up
+            "out": "torch.float16",  # the rest of the model gets its dtype back
+            "stored": "torch.float16",  # one storage dtype for every ZeRO layout
+            "moved": True,  # gradients reached the 16-bit parameter through the cast
+        }, stage
+
+
+def test_fp16_override_modules_needs_a_16_bit_model():
+    with pytest.raises(Exception, match="fp16_override_modules keeps modules in fp32"):
+        parse({"fp16_override_modules": ["LayerNorm"]})
+
+
 def test_min_loss_scale_may_be_a_float_floor():
     from deepspeed_ext.runtime.precision import make_loss_scaler
 
