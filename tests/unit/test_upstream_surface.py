@@ -246,3 +246,8 @@ def test_initialize_takes_upstreams_arguments_and_refuses_a_mesh():
     assert {"distributed_port", "mesh_param", "config_params", "collate_fn"} <= set(names)
     with pytest.raises(ValueError, match="mesh_param=...\\): device meshes"):
         deepspeed.initialize(model=torch.nn.Linear(2, 2), config={}, mesh_param=(2, 2))
+
+
+def test_the_ulysses_path_accelerate_opens_fails_saying_why():
+    with pytest.raises(ImportError, match="Ulysses sequence parallelism .* not built"):
+        importlib.import_module("deepspeed.runtime.sequence_parallel.ulysses_sp")

@@ -1,0 +1,1 @@
+"""`deepspeed.runtime.sequence_parallel`: upstream's Ulysses sequence parallelism."""
