@@ -130,6 +130,8 @@ def check_hparams(
     if eps is not None and not eps >= 0.0:
         raise ValueError(f"{name}: invalid eps={eps} (must be >= 0)")
     if betas is not None:
+        if len(betas) != 2:
+            raise ValueError(f"{name}: betas must be two values (beta1, beta2), got {betas!r}")
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"{name}: invalid betas[{i}]={b} (must be in [0, 1))")

@@ -10,6 +10,8 @@ import torch
 
 from deepspeed_ext.utils.logging import logger
 
+from . import engine_config_queries
+
 
 class EngineSurface:
     # set by the engine
@@ -94,6 +96,44 @@ class EngineSurface:
     def get_data_parallel_world_size(self) -> int:
         return self.dp_world_size
 
+    def get_model_parallel_rank(self) -> int:
+        return int(self.layout.model.rank)  # type: ignore[attr-defined]
+
+    def get_tensor_parallel_rank(self) -> int:
+        return int(self.layout.tensor.rank)  # type: ignore[attr-defined]
+
+    def get_mom(self) -> list[Any]:
+        """Each param group's momentum: Adam's betas, or SGD's momentum."""
+        optimizer = getattr(self, "optimizer", None)
+        if optimizer is None:
+            return []
+        return [g.get("betas", g.get("momentum")) for g in optimizer.param_groups]
+
+    def get_data_types(self) -> tuple[torch.dtype, torch.dtype]:
+        """(the model's dtype, the gradient accumulation dtype)."""
+        model = next(self.module.parameters()).dtype
+        return model, self._accum_dtype(list(self.module.parameters()))  # type: ignore[attr-defined]
+
+    def get_wall_clock_timers(self) -> Any:
+        return self.timers  # type: ignore[attr-defined]
+
+    @staticmethod
+    def is_map_style_dataset(obj: Any) -> bool:
+        return hasattr(obj, "__getitem__") and hasattr(obj, "__len__")
+
+    @staticmethod
+    def is_iterable_style_dataset(obj: Any) -> bool:
+        return isinstance(obj, torch.utils.data.IterableDataset)
+
+    def is_deepcompile_enabled(self) -> bool:
+        return bool(self.config.compile.deepcompile)
+
+    def is_deepcompile_active(self) -> bool:
+        return False  # DeepCompile is refused by the config (not built yet)
+
+    def is_sanity_checks_enabled(self) -> bool:
+        return bool(self.config.zero_optimization.enable_sanity_checks)
+
     # -- weights -----------------------------------------------------------------------------
     def module_state_dict(
         self,
@@ -150,3 +190,6 @@ class EngineSurface:
     @property
     def is_compiled(self) -> bool:
         return self._is_compiled
+
+
+engine_config_queries.install(EngineSurface)

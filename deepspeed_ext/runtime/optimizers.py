@@ -67,9 +67,11 @@ def build_optimizer(
         torch_opts = _torch_optimizers()
         if key in torch_opts:
             return torch_opts[key](params, **hp)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:  # unknown names, or values of the wrong shape
+        if isinstance(exc, OptimizerConfigError):
+            raise
         raise OptimizerConfigError(
-            f"optimizer.params for '{name}' are not accepted: {exc}"
+            f"optimizer.params for '{name}' are not accepted: {exc} (given: {hparams})"
         ) from None
     known = sorted(set(OUR_NAMES) | set(_torch_optimizers()))
     close = difflib.get_close_matches(key, known, n=1)

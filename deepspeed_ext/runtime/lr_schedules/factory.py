@@ -76,4 +76,9 @@ def get_lr_scheduler(
         )
     params = dict(params or {})
     _check_params(name, cls, params)
-    return cls(optimizer, **params)
+    try:
+        return cls(optimizer, **params)
+    except (TypeError, ValueError) as exc:  # a value of the wrong type or range
+        raise ValueError(
+            f"scheduler.params for {name!r} are not accepted: {exc} (given: {params})"
+        ) from None
