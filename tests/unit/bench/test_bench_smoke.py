@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[3]
         ("exit_soak.py", ["--smoke"], "exit_soak_smoke.json"),  # two 2-rank jobs, ~20 s
         ("pipeline_step.py", ["--smoke"], "pipeline_step_smoke.json"),  # two 4-rank jobs, ~20 s
         ("zero3_nvme.py", ["--smoke"], "zero3_nvme_smoke.json"),  # three 2-rank jobs, ~30 s
+        ("kill_soak.py", ["--smoke"], "kill_soak_smoke.json"),  # seven 2-rank jobs, ~35 s
+        ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -94,6 +96,14 @@ def test_bench_smoke(script, args, result, tmp_path):
         assert set(data["step_s"]) == {"ours cpu offload", "ours nvme", "ours nvme, no read-ahead"}
         assert data["ratios"]["nvme_over_cpu_offload_step_time"] > 0, data["ratios"]
         assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
+    elif result == "kill_soak_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        assert data["save_crashes_loadable"] == data["save_crashes_total"] == 4, data
+        assert data["rank_kills_ok"] == 3, data["rank_kills"]
+    elif result == "config_fuzz_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        for stage in ("validate", "initialize"):
+            assert data[stage]["uncaught"] == data[stage]["unnamed"] == 0, data["failures"]
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

@@ -10,28 +10,18 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from deepspeed_ext.config import parse
 from tests.helpers.distributed import run_ranks
-from tests.unit.runtime.models import batch, mlp
+from tests.unit.runtime.models import mean_grads
 
 from . import honoured_runs as hr
 
 
 def _reference_delta(op: str) -> dict[str, torch.Tensor]:
     """One SGD step on the two ranks' batches: the mean (or sum) of their gradients."""
-    model = mlp()
-    grads: dict[str, torch.Tensor] = {}
-    for rank in (0, 1):
-        model.zero_grad()
-        x, y = batch(0, rank, size=4)
-        nn.functional.mse_loss(model(x), y).backward()
-        for n, p in model.named_parameters():
-            assert p.grad is not None
-            grads[n] = grads.get(n, 0) + p.grad  # type: ignore[assignment]
-    scale = 1.0 if op == "sum" else 0.5
-    return {n: -hr.LR * scale * g for n, g in grads.items()}
+    scale = 2.0 if op == "sum" else 1.0
+    return {n: -hr.LR * scale * g for n, g in mean_grads(2).items()}
 
 
 @pytest.fixture(scope="module")

@@ -22,3 +22,18 @@ def batch(step: int, rank: int, size: int = 8) -> tuple[torch.Tensor, torch.Tens
 def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     out = model(x.to(next(model.parameters()).dtype))
     return nn.functional.mse_loss(out.float(), y)
+
+
+def mean_grads(ranks: int = 2, size: int = 4) -> dict[str, torch.Tensor]:
+    """The mlp's gradient of the mean loss over `ranks` ranks' first micro-batches: what a
+    data-parallel step averages to."""
+    model = mlp()
+    grads: dict[str, torch.Tensor] = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    for rank in range(ranks):
+        model.zero_grad()
+        x, y = batch(0, rank, size=size)
+        nn.functional.mse_loss(model(x), y).backward()
+        for n, p in model.named_parameters():
+            assert p.grad is not None
+            grads[n] += p.grad / ranks
+    return grads

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from tests.helpers.distributed import run_ranks
+from tests.helpers.errors import error_text
 from tests.unit.runtime.models import batch, mlp
 
 
@@ -35,14 +36,6 @@ def _micro(engine: Any, scale: float = 1.0) -> None:
     loss = nn.functional.mse_loss(engine(x.to(dtype)).float(), y) * scale
     engine.backward(loss)
     engine.step()
-
-
-def _error(fn: Any) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - returned to the test
-        return f"{type(e).__name__}: {e}"
-    return "no error"
 
 
 def surface() -> dict[str, Any]:
@@ -79,7 +72,7 @@ def surface() -> dict[str, Any]:
         applied.append(engine.was_step_applied())
     out["applied"] = applied
     out["steps"] = engine.global_steps
-    out["bad batch"] = _error(lambda: engine.set_train_batch_size(7))
+    out["bad batch"] = error_text(lambda: engine.set_train_batch_size(7))
     engine.set_train_micro_batch_size(3)
     out["after set_train_micro_batch_size"] = engine.get_batch_info()
     engine.module.get_submodule("0").weight.requires_grad_(False)
@@ -109,7 +102,7 @@ def surface() -> dict[str, Any]:
     engine = _engine({})
     x, _ = batch(0, 0, size=2)
     eager = engine(x).detach()
-    out["bad compile"] = _error(lambda: engine.compile(schedule=[1]))
+    out["bad compile"] = error_text(lambda: engine.compile(schedule=[1]))
     engine.compile(backend="eager")
     out["compiled"] = (engine.is_compiled, bool(torch.equal(engine(x).detach(), eager)))
     _micro(engine)

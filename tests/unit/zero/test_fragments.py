@@ -8,24 +8,15 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
 
 from tests.helpers.distributed import run_ranks
-from tests.unit.runtime.models import batch, mlp
+from tests.unit.runtime.models import mean_grads, mlp
 
 from . import fragment_runs as fr
 
 
 def _reference() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    model = mlp()
-    grads: dict[str, torch.Tensor] = {}
-    for rank in (0, 1):
-        model.zero_grad()
-        x, y = batch(0, rank, size=4)
-        nn.functional.mse_loss(model(x), y).backward()
-        for n, p in model.named_parameters():
-            grads[n] = grads.get(n, 0) + p.grad / 2  # type: ignore[assignment,operator]
-    return {n: p.detach() for n, p in mlp().named_parameters()}, grads
+    return {n: p.detach() for n, p in mlp().named_parameters()}, mean_grads(2)
 
 
 @pytest.mark.parametrize(("stage", "bf16"), [(0, False), (1, False), (2, True), (3, False)])

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_ranks
+from tests.helpers.errors import error_text
 
 from . import pipe_runs as pr
 
@@ -39,14 +40,6 @@ def _adamw(groups: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=pr.LR)
 
 
-def _error(fn: Any) -> str:
-    try:
-        fn()
-    except Exception as e:  # noqa: BLE001 - returned to the test
-        return f"{type(e).__name__}: {e}"
-    return "no error"
-
-
 def checks() -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
 
@@ -56,8 +49,8 @@ def checks() -> dict[str, Any]:
     out["ends"] = (engine.is_first_stage(), engine.is_last_stage())
     out["losses"] = [float(engine.train_batch(iter(pr.batches(s, 0, 2)))) for s in range(3)]
     out["counters"] = (engine.global_steps, engine.micro_steps, engine.global_samples)
-    out["forward"] = _error(lambda: engine(torch.zeros(1)))
-    out["step"] = _error(engine.step)
+    out["forward"] = error_text(lambda: engine(torch.zeros(1)))
+    out["step"] = error_text(engine.step)
 
     data = [pr.micro_batch(0, 0, i) for i in range(3)]
     dataset = [(ids[0], labels[0]) for ids, labels in data]  # samples, batched by the loader
@@ -68,20 +61,20 @@ def checks() -> dict[str, Any]:
     out["fed"] = [float(fed.train_batch()) for _ in range(3)]  # more than the loader holds
 
     bare, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
-    out["no_iterator"] = _error(bare.train_batch)
+    out["no_iterator"] = error_text(bare.train_batch)
     for name, (extra, _) in REFUSED.items():
-        out[name] = _error(
+        out[name] = error_text(
             lambda extra=extra: initialize(
                 model=_module(), config=_config(**extra), optimizer=_adamw
             )
         )
     agree = _config(pipeline={"stages": 1, "partition": "best", "seed_layers": True})
-    out["agree"] = _error(lambda: initialize(model=_module(), config=agree, optimizer=_adamw))
+    out["agree"] = error_text(lambda: initialize(model=_module(), config=agree, optimizer=_adamw))
     key = _config(pipeline_parallelism={"num_stages": 1})
-    out["key_on_module"] = _error(
+    out["key_on_module"] = error_text(
         lambda: initialize(model=pr.Reference(), config=key, optimizer=_adamw)
     )
-    out["mpu"] = _error(
+    out["mpu"] = error_text(
         lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
     )
     return out
