@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from . import strict
 from .abstract import Accelerator
 
 
@@ -16,7 +17,7 @@ class _NoopStream:
     """Stands in for a device stream on a device that has none."""
 
     def synchronize(self) -> None:
-        return None
+        strict.synced_through()
 
     def wait_stream(self, other: Any) -> None:
         return None
@@ -25,23 +26,27 @@ class _NoopStream:
         return None
 
     def record_event(self, event: Any = None) -> Any:
-        return event or _NoopEvent()
+        ev = event or _NoopEvent()
+        ev.record()
+        return ev
 
 
 class _NoopEvent:
     def __init__(self, **kwargs: Any) -> None:
         self.enable_timing = bool(kwargs.get("enable_timing", False))
+        self.epoch = 0  # device-strict mode: the async copies this event follows
 
     def record(self, stream: Any = None) -> None:
-        return None
+        self.epoch = strict.record_epoch()
 
     def synchronize(self) -> None:
-        return None
+        strict.synced_through(self.epoch)
 
     def wait(self, stream: Any = None) -> None:
         return None
 
     def query(self) -> bool:
+        strict.synced_through(self.epoch)
         return True
 
 
@@ -105,7 +110,7 @@ class CPUAccelerator(Accelerator):
         return tensor  # nothing to pin for: no device copies
 
     def synchronize(self, device_index: int | None = None) -> None:
-        return None
+        strict.synced_through()
 
     def Stream(self, *args: Any, **kwargs: Any) -> Any:  # noqa: N802
         return _NoopStream()

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -5,6 +6,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # tests.helpers importable however pytest is invoked
+# Every rank and launcher job the suite spawns checks, as a GPU would, that collectives get
+# device tensors and async copies are waited for ([Note: device-strict mode]).
+os.environ.setdefault("DS_EXT_DEVICE_STRICT", "1")
 
 
 def has_cuda() -> bool:

@@ -34,7 +34,14 @@ from .layout import (
     layout_from_topology,
     world_layout,
 )
-from .sharded import all_gather_bucket, reduce_scatter_bucket, sum_over, sums_over
+from .sharded import (
+    all_gather_bucket,
+    collective_device,
+    reduce_scatter_bucket,
+    sum_over,
+    sum_tensor_over,
+    sums_over,
+)
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
@@ -53,9 +60,11 @@ __all__ = [
     "MEAN",
     "GradBuckets",
     "ReduceOp",
+    "collective_device",
     "all_gather",
     "all_gather_bucket",
     "sum_over",
+    "sum_tensor_over",
     "sums_over",
     "reduce_scatter_bucket",
     "all_gather_object",

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from .averaging import MEAN, GradAverage
+from .checked import dist
 from .layout import resolve
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from .checked import dist
 from .layout import AxisGroup, resolve
 
 ReduceOp = dist.ReduceOp

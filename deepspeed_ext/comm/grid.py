@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
-
+from .checked import dist
 from .layout import ParallelLayout, layout_from_topology
 from .topology import ProcessTopology, default_pipe_data_topology
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.accelerator import get_accelerator, strict
 from deepspeed_ext.utils.logging import logger
 
 from .env import DistEnv, discover
@@ -31,6 +31,7 @@ def init_distributed(
     """Upstream's signature. Idempotent: a second call (or torch.distributed already up) is a
     no-op. The backend defaults to the accelerator's (gloo on CPU, nccl on CUDA)."""
     global _env
+    strict.install()  # DS_EXT_DEVICE_STRICT=1: [Note: device-strict mode]
     if dist.is_initialized():
         if _env is None:
             _env = DistEnv(
@@ -132,6 +133,7 @@ def get_local_rank() -> int:
 
 def destroy_process_group(group: Any = None) -> None:
     global _env
+    strict.install()  # DS_EXT_DEVICE_STRICT=1: [Note: device-strict mode]
     if dist.is_initialized():
         dist.destroy_process_group(group)
     if group is None:

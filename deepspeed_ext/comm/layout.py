@@ -17,8 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
-
+from .checked import dist
 from .topology import ProcessTopology
 
 

@@ -24,7 +24,9 @@ from collections import deque
 from typing import Any
 
 import torch
-import torch.distributed as dist
+
+from .checked import dist
+from .sharded import collective_device
 
 _OK, _META, _ABORT = 0, 1, 2
 _DTYPES = [
@@ -52,11 +54,11 @@ def meta_of(tensors: tuple[torch.Tensor, ...]) -> Meta:
     return tuple((t.dtype, bool(t.requires_grad), tuple(t.shape)) for t in tensors)
 
 
-def _encode(meta: Meta) -> torch.Tensor:
+def _encode(meta: Meta, device: torch.device) -> torch.Tensor:
     words = [len(meta)]
     for dtype, grad, shape in meta:
         words += [_CODE[dtype], int(grad), len(shape), *shape]
-    return torch.tensor(words, dtype=torch.int64)
+    return torch.tensor(words, dtype=torch.int64, device=device)
 
 
 def _decode(words: list[int]) -> Meta:
@@ -82,7 +84,7 @@ def _layout(meta: Meta) -> tuple[list[int], int]:
     offsets, off = [], _HEAD
     for d, _, shape in meta:
         offsets.append(off)
-        n = math.prod(shape) * torch.tensor([], dtype=d).element_size()
+        n = math.prod(shape) * d.itemsize
         off += (n + 15) // 16 * 16
     return offsets, off
 
@@ -91,18 +93,26 @@ def _views(buf: torch.Tensor, meta: Meta) -> tuple[torch.Tensor, ...]:
     offsets, _ = _layout(meta)
     out = []
     for off, (d, _, shape) in zip(offsets, meta):
-        n = math.prod(shape) * torch.tensor([], dtype=d).element_size()
+        n = math.prod(shape) * d.itemsize
         out.append(buf[off : off + n].view(d).view(shape))
     return tuple(out)
 
 
 class PipeChannel:
     """One direction between this rank and `peer` (a global rank). `what` names the traffic
-    in messages ("activations from stage 1")."""
+    in messages ("activations from stage 1"). Packets live on the collective device (NCCL
+    sends device tensors only), so received tensors land where the stage computes."""
 
     def __init__(
-        self, peer: int, what: str, dynamic: bool = False, tag: int = 0, max_pending: int = 64
+        self,
+        peer: int,
+        what: str,
+        dynamic: bool = False,
+        tag: int = 0,
+        max_pending: int = 64,
+        device: torch.device | None = None,
     ) -> None:
+        self.device = device if device is not None else collective_device()
         self.peer = peer
         self.tag = tag  # per engine: a message left over from a failed run never matches
         self.what = what
@@ -137,9 +147,9 @@ class PipeChannel:
                     f"({describe(meta)}). Keep a stage's output shapes fixed (pad the batch), or "
                     "pass dynamic_shape=True to PipelineModule to renegotiate them per message"
                 )
-            words = _encode(meta)
+            words = _encode(meta, self.device)
             if self.sent_meta is None:
-                self._post(torch.tensor([_META, words.numel()], dtype=torch.int64))
+                self._post(self._hello(_META, words.numel()))
             else:  # announced in a packet of the size the receiver expects
                 self._post(self._packet(self.sent_meta, _META, words.numel()))
             self._post(words)
@@ -149,11 +159,12 @@ class PipeChannel:
             view.copy_(t.detach())
         self._post(packet)
 
-    @staticmethod
-    def _packet(meta: Meta, code: int, n: int) -> torch.Tensor:
-        buf = torch.empty(_layout(meta)[1], dtype=torch.uint8)
-        head = buf[:_HEAD].view(torch.int64)
-        head[0], head[1] = code, n
+    def _hello(self, code: int, n: int) -> torch.Tensor:
+        return torch.tensor([code, n], dtype=torch.int64, device=self.device)
+
+    def _packet(self, meta: Meta, code: int, n: int) -> torch.Tensor:
+        buf = torch.empty(_layout(meta)[1], dtype=torch.uint8, device=self.device)
+        buf[:_HEAD].view(torch.int64).copy_(self._hello(code, n))
         return buf
 
     def _post(self, t: torch.Tensor) -> None:
@@ -176,7 +187,7 @@ class PipeChannel:
             return
         self.aborted = True
         if self.sent_meta is None:
-            word = torch.tensor([_ABORT, 0], dtype=torch.int64)
+            word = self._hello(_ABORT, 0)
         else:
             word = self._packet(self.sent_meta, _ABORT, 0)
         try:
@@ -191,21 +202,20 @@ class PipeChannel:
         """The next message's tensors: views into this slot's reused buffer (valid until the
         same slot receives again)."""
         if self.recv_meta is None:  # the hello: [code, meta length]
-            head = torch.empty(2, dtype=torch.int64)
+            head = torch.empty(2, dtype=torch.int64, device=self.device)
             dist.recv(head, self.peer, tag=self.tag)
-            code, n = int(head[0]), int(head[1])
+            code, n = head.tolist()
         else:
             buf, views = self._slot(slot)
             dist.recv(buf, self.peer, tag=self.tag)
-            head = buf[:_HEAD].view(torch.int64)
-            code, n = int(head[0]), int(head[1])
+            code, n = buf[:_HEAD].view(torch.int64).tolist()  # one host read per message
             if code == _OK:
                 return views
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
         if code != _META:
             raise RuntimeError(f"{self.what}: unknown message code {code} from rank {self.peer}")
-        words = torch.empty(n, dtype=torch.int64)
+        words = torch.empty(n, dtype=torch.int64, device=self.device)
         dist.recv(words, self.peer, tag=self.tag)
         self.recv_meta = _decode(words.tolist())
         self._slots.clear()
@@ -218,7 +228,7 @@ class PipeChannel:
     def _slot(self, slot: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         assert self.recv_meta is not None
         if slot not in self._slots:
-            buf = torch.empty(_layout(self.recv_meta)[1], dtype=torch.uint8)
+            buf = torch.empty(_layout(self.recv_meta)[1], dtype=torch.uint8, device=self.device)
             self._slots[slot] = (buf, _views(buf, self.recv_meta))
         return self._slots[slot]
 

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from deepspeed_ext.accelerator import get_accelerator
+
+from .checked import dist, is_host_group
 from .layout import AxisGroup, resolve
 
 # torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
@@ -89,16 +91,33 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
     return _ALL_GATHER(bucket, chunk, group=pg, async_op=True)
 
 
+def collective_device(group: Any = None) -> torch.device:
+    """Where a tensor handed to a collective over `group` must live: the accelerator's
+    device (NCCL takes nothing else), or the host for a gloo side group."""
+    pg, _ = resolve(group)
+    if is_host_group(pg):
+        return torch.device("cpu")
+    return torch.device(get_accelerator().current_device_name())
+
+
 def sums_over(values: list[float], group: Any = None) -> list[float]:
-    """Element-wise sums of floats over the group's ranks, in one collective."""
+    """Element-wise sums of floats over the group's ranks: one collective, one host read."""
     pg, size = resolve(group)
     if size == 1:
         return list(values)
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=collective_device(pg))
     dist.all_reduce(t, group=pg)
-    return [float(x) for x in t]
+    return [float(x) for x in t.tolist()]
 
 
 def sum_over(value: float, group: Any = None) -> float:
     """The sum of a float over the group's ranks (float64; itself over one rank)."""
     return sums_over([value], group)[0]
+
+
+def sum_tensor_over(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """t summed over the group's ranks in place, on its device: no host read."""
+    pg, size = resolve(group)
+    if size > 1:
+        dist.all_reduce(t, group=pg)
+    return t

@@ -7,8 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
+from .checked import dist
 from .collectives import ReduceOp
 from .layout import resolve
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.comm import collective_device
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.fragments import Fragment, bind, state_owner
@@ -62,9 +63,9 @@ class DataParallelStrategy:
     def end_backward(self) -> None:
         self.grads.finish()
 
-    def grad_sq_sum(self) -> float:
+    def grad_sq_sum(self) -> torch.Tensor:
         # after the all-reduce every data-parallel rank holds the same grads
-        return sum_of_squares(self.grads.flat())
+        return sum_of_squares(self.grads.flat(), collective_device(self.dp))
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:

@@ -265,7 +265,10 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         self._boundary_override = None
 
     def _model_step(
-        self, lr_kwargs: dict[str, Any], replicated_sq: float = 0.0, pipe_extra: float = 0.0
+        self,
+        lr_kwargs: dict[str, Any],
+        replicated_sq: torch.Tensor | float = 0.0,
+        pipe_extra: torch.Tensor | float = 0.0,
     ) -> StepOutcome:
         """[Note: optimizer step]: shared with the pipeline engine."""
         scale = self.loss_scaler.loss_scale if self.loss_scaler else None

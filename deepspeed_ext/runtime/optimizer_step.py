@@ -19,7 +19,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from deepspeed_ext.comm import AxisGroup, sums_over
+import torch
+
+from deepspeed_ext.comm import AxisGroup, sum_tensor_over
 from deepspeed_ext.zero.protocol import GradientStrategy
 
 from .grad_clip import clip_factor
@@ -32,19 +34,28 @@ class StepOutcome:
     pipe_sum: float = 0.0  # the sum over the pipe group of the caller's `pipe_extra`
 
 
+def _scalar_like(ref: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(ref.device, torch.float64).reshape(())
+    return torch.full_like(ref, value)
+
+
 def global_grad_norm(
     strategy: GradientStrategy,
     pipe: AxisGroup,
     inv_scale: float,
-    replicated_sq: float = 0.0,
-    pipe_extra: float = 0.0,
+    replicated_sq: torch.Tensor | float = 0.0,
+    pipe_extra: torch.Tensor | float = 0.0,
 ) -> tuple[float, float]:
     """The whole model's gradient norm, the same on every rank, and the pipe-group sum of
     `pipe_extra` (a pipeline's loss rides along: one collective instead of two).
     replicated_sq: the part of this rank's sum of squares that another stage also holds
-    (pipeline tied weights), so counted once."""
-    sq, extra = sums_over([strategy.grad_sq_sum() - replicated_sq, pipe_extra], pipe)
-    return math.sqrt(max(sq, 0.0)) * inv_scale if math.isfinite(sq) else sq, extra
+    (pipeline tied weights), so counted once. The sums stay on the device until the one
+    host read of both."""
+    sq = strategy.grad_sq_sum()
+    both = torch.stack([sq - _scalar_like(sq, replicated_sq), _scalar_like(sq, pipe_extra)])
+    total, extra = sum_tensor_over(both, pipe).tolist()
+    return math.sqrt(max(total, 0.0)) * inv_scale if math.isfinite(total) else total, extra
 
 
 def optimizer_step(
@@ -55,8 +66,8 @@ def optimizer_step(
     clip: float,
     pipe: AxisGroup,
     lr_kwargs: dict[str, Any],
-    replicated_sq: float = 0.0,
-    pipe_extra: float = 0.0,
+    replicated_sq: torch.Tensor | float = 0.0,
+    pipe_extra: torch.Tensor | float = 0.0,
     skip_nonfinite: bool = False,
 ) -> StepOutcome:
     inv_scale = 1.0 / loss_scaler.loss_scale if loss_scaler is not None else 1.0

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.accelerator import get_accelerator, strict
 from deepspeed_ext.comm import MEAN, AxisGroup, GradAverage, reduce_scatter_bucket
 
 from .backward_end import EndOfBackward
@@ -35,6 +36,7 @@ class ShardedReducer:
         is_boundary: Callable[[], bool] = lambda: True,
         max_in_flight: int = 2,
         averaging: GradAverage = MEAN,
+        host_grads: bool = False,
     ) -> None:
         self.dp = group  # data-parallel
         self.before, self.after = averaging.factors(group.size)
@@ -61,16 +63,17 @@ class ShardedReducer:
         for g, grp in enumerate(groups):
             grp.grads = []
             for b, m in enumerate(grp.masters):
-                if not self.every_micro and m.device == grp.flat.device:
+                # Offloaded, the reduced gradient goes to the host even where the host is the
+                # device (CPU runs take the GPU's path: [Note: device-strict mode]).
+                if not self.every_micro and not host_grads and m.device == grp.flat.device:
                     i = self.index[(g, b)]
                     self.buffers[i] = self._new_buffer(i)
                     grp.grads.append(self._own(self.buffers[i], grp))
                 else:  # stage 2, or offloaded: a chunk-sized gradient where the master lives
                     # pinned when offloaded from a GPU, so the copy to the host is asynchronous
                     pin = m.device.type == "cpu" and grp.flat.device.type != "cpu"
-                    grp.grads.append(
-                        torch.zeros(m.numel(), dtype=accum_dtype, device=m.device, pin_memory=pin)
-                    )
+                    gb = torch.zeros(m.numel(), dtype=accum_dtype, device=m.device, pin_memory=pin)
+                    grp.grads.append(strict.mark_host(gb) if host_grads else gb)
         if not self.every_micro:  # stage 1 with offload: full buffers too
             for i in range(len(self.order)):
                 if i not in self.buffers:
@@ -79,6 +82,8 @@ class ShardedReducer:
         self._pending: list[int] = []
         self._next = len(self.order)
         self._inflight: deque[tuple[Any, torch.Tensor, torch.Tensor, int]] = deque()
+        self._copies: Any = None  # an event after the last async copy to the host
+        self._copy_stream: Any = None
         self._handles = [
             p.register_post_accumulate_grad_hook(self._hook) for grp in groups for p in grp.params
         ]
@@ -150,11 +155,24 @@ class ShardedReducer:
         g, b = self.order[i]
         grp = self.groups[g]
         out.mul_(self.after)  # the average over ranks, as DDP (or the sum)
-        if self.every_micro:
-            grp.grads[b].add_(out.to(grp.grads[b].device, non_blocking=True))
-        elif grp.grads[b].data_ptr() != out.data_ptr():  # stage 1 offloaded: to the host
-            grp.grads[b].copy_(out.to(grp.grads[b].device, non_blocking=True))
+        dst = grp.grads[b]
+        if self.every_micro:  # offloaded: a blocking copy, as add_ reads it on the host now
+            dst.add_(out if out.device == dst.device else out.to(dst.device))
+        elif dst.data_ptr() != out.data_ptr():  # stage 1 offloaded: to the host
+            self._copy_to_host(dst, out)
         # stage 1: the rest of the bucket buffer is stale now; zero() clears it after the step
+
+    def _copy_to_host(self, dst: torch.Tensor, out: torch.Tensor) -> None:
+        """Asynchronously, on a copy stream (where the accelerator has streams), so the next
+        bucket's reduction overlaps it; finish() waits on the event before the step reads.
+        The source chunk stays untouched until zero() after that step."""
+        acc = get_accelerator()
+        if self._copies is None:
+            self._copy_stream, self._copies = acc.Stream(), acc.Event()
+        self._copy_stream.wait_stream(acc.current_stream())  # the reduced chunk is ready
+        with acc.stream(self._copy_stream):
+            dst.copy_(out, non_blocking=True)
+        self._copies.record(self._copy_stream)
 
     def finish(self) -> None:
         self.begun = False
@@ -165,6 +183,8 @@ class ShardedReducer:
             self._next += 1
         while self._inflight:
             self._drain_one()
+        if self._copies is not None:
+            self._copies.synchronize()
         self.reduce_now = False
 
     def zero(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import all_gather_bucket, sum_over
+from deepspeed_ext.comm import all_gather_bucket, collective_device, sum_tensor_over
 
 from . import checkpoint
 from .fragments import Fragment, bind, state_owner
@@ -17,7 +17,7 @@ from .layout import GroupLayout, plan_group
 from .module_state import load_module_state, module_state
 from .named_state import NamedState, is_per_element, missing_names
 from .norms import sum_of_squares
-from .protocol import RankFiles, StrategyContext
+from .protocol import RankFiles, StrategyContext, offloaded
 from .reducer import ShardedReducer
 from .reshard import chunks_for
 from .sharded_group import ShardedGroup
@@ -54,6 +54,7 @@ class ZeroStrategy:
             ctx.data,
             lambda: ctx.is_boundary() and self.sync_enabled,
             averaging=ctx.averaging,
+            host_grads=offloaded(ctx),
         )
         self.sync_enabled = True
         # Our CPU optimizers take 16-bit grads for fp32 masters as they are; others get fp32.
@@ -90,9 +91,10 @@ class ZeroStrategy:
         self.reducer.finish()
 
     # -- the step --
-    def grad_sq_sum(self) -> float:
+    def grad_sq_sum(self) -> torch.Tensor:
         """Sum of squares over the whole replica's gradients (every partition)."""
-        return sum_over(sum_of_squares([g for grp in self.groups for g in grp.grads]), self.dp)
+        grads = [g for grp in self.groups for g in grp.grads]
+        return sum_tensor_over(sum_of_squares(grads, collective_device(self.dp)), self.dp)
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:

@@ -137,7 +137,11 @@ class PipelineEngine(DeepSpeedEngine):
 
     def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:
         """The same on every stage: tied groups then get the same ZeRO layout everywhere."""
-        mine = torch.tensor(float(super()._bucket_numel(params, elem)), dtype=torch.float64)
+        mine = torch.tensor(
+            float(super()._bucket_numel(params, elem)),
+            dtype=torch.float64,
+            device=comm.collective_device(self.layout.pipe),
+        )
         comm.all_reduce(mine, op=comm.ReduceOp.MAX, group=self.layout.pipe)
         return int(mine)
 
@@ -481,16 +485,16 @@ class PipelineEngine(DeepSpeedEngine):
 
     def _exec_optimizer_step(self, cmd: sch.OptimizerStep) -> None:
         replicated = [p for p in self._tied.params() if getattr(p, "ds_pipe_replicated", False)]
-        sq = 0.0
+        sq: torch.Tensor | float = 0.0
         if replicated:
-            sq = sum_of_squares(self.strategy.grads_of(replicated))
+            sq = sum_of_squares(self.strategy.grads_of(replicated), self._comm_device)
             if self.strategy.partitioned_grads:
-                sq = comm.sum_over(sq, self.layout.data)
+                sq = comm.sum_tensor_over(sq, self.layout.data)
         # the batch loss rides on the norm's pipe-group sum: the last stage adds it, the
         # others 0, so every stage learns it without a broadcast of its own
-        loss = 0.0
+        loss: torch.Tensor | float = 0.0
         if self.is_last_stage():
-            loss = float(self._mean_over_data(self._losses, self.micro_batches))
+            loss = self._mean_over_data(self._losses, self.micro_batches)
         with self.timers.phase("step"):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
         self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)
@@ -501,6 +505,11 @@ class PipelineEngine(DeepSpeedEngine):
             self.loss_scaler.loss_scale if self.loss_scaler else None,
             self._global_grad_norm,
         )
+
+    @property
+    def _comm_device(self) -> torch.device:
+        """Where this engine's own collective tensors live (NCCL: the accelerator)."""
+        return comm.collective_device(self.layout.pipe)
 
     # -- losses --
     def _mean_over_data(self, values: list[Any], m: int) -> Any:
@@ -514,8 +523,9 @@ class PipelineEngine(DeepSpeedEngine):
 
     def _from_last_stage(self, value: torch.Tensor | None) -> torch.Tensor:
         """The last stage's scalar on every stage of this pipeline."""
-        t = value.detach().float().reshape(()) if value is not None else torch.zeros(())
-        t = t.clone()
+        t = torch.zeros((), device=self._comm_device)
+        if value is not None:
+            t.copy_(value.detach().reshape(()))
         comm.group_broadcast(t, self.layout.pipe, self.layout.pipe.size - 1)
         return t
 
@@ -526,7 +536,7 @@ class PipelineEngine(DeepSpeedEngine):
         if self._iterators_checked:
             return
         self._iterators_checked = True
-        missing = torch.zeros(self.world_size, dtype=torch.float64)
+        missing = torch.zeros(self.world_size, dtype=torch.float64, device=self._comm_device)
         if self._needs_data() and self.data_iterator is None:
             missing[self.rank] = 1.0
         comm.all_reduce(missing)

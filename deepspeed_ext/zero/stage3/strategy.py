@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import sum_over
+from deepspeed_ext.comm import collective_device, sum_tensor_over
 from deepspeed_ext.utils.errors import CheckpointError
 
 from ..backward_end import EndOfBackward
@@ -287,8 +287,9 @@ class Stage3Strategy:
         release_params(self.module.parameters())
 
     # -- the step --
-    def grad_sq_sum(self) -> float:
-        return sum_over(sum_of_squares(self.reducer.grads()), self.dp)
+    def grad_sq_sum(self) -> torch.Tensor:
+        sq = sum_of_squares(self.reducer.grads(), collective_device(self.dp))
+        return sum_tensor_over(sq, self.dp)
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:

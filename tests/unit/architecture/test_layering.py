@@ -169,3 +169,16 @@ def test_pyproject_lists_every_package():
             found.add(".".join([pkg, *rel.parts]))
     missing = found - listed
     assert not missing, f"packages missing from pyproject [tool.setuptools].packages: {missing}"
+
+
+def test_collectives_go_through_the_checked_door():
+    """Inside comm/, only checked.py (every collective, so device-strict mode sees it) and
+    init.py (bringing the process group up and down) import torch.distributed."""
+    allowed = {"checked.py", "init.py"}
+    bad = []
+    for path in sorted((ROOT / "deepspeed_ext" / "comm").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and path.name not in allowed:
+                if "torch.distributed" in ast.unparse(node):
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not bad, "import torch.distributed in comm/ outside checked.py: " + ", ".join(bad)

@@ -1,0 +1,58 @@
+"""torch.distributed as the comm layer calls it. The comm layer is the only torch.distributed
+user; through this one door, with device-strict mode on ([Note: device-strict mode] in
+accelerator/strict.py), every tensor handed to a collective is checked first: a host tensor
+over a device group is refused, as NCCL would refuse it on a GPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as _td
+
+from deepspeed_ext.accelerator import strict
+
+_TENSOR_OPS = frozenset(
+    "all_reduce broadcast all_gather all_gather_into_tensor all_gather_single reduce_scatter "
+    "reduce_scatter_tensor reduce_scatter_single all_to_all_single reduce gather scatter "
+    "send recv isend irecv".split()
+)
+# Groups made with backend="gloo" beside the default one: host groups (a GPU run keeps its
+# small host-side checks on them), so host tensors are right there.
+_host_groups: list[Any] = []
+
+
+def is_host_group(group: Any) -> bool:
+    return any(group is g for g in _host_groups)
+
+
+def _checked(name: str, fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if strict.active():
+            strict.check_collective(
+                name, list(args) + list(kwargs.values()), not is_host_group(kwargs.get("group"))
+            )
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def _new_group(*args: Any, **kwargs: Any) -> Any:
+    group = _td.new_group(*args, **kwargs)
+    if kwargs.get("backend") == "gloo":
+        _host_groups.append(group)
+    return group
+
+
+class _Dist:
+    """Forwards to torch.distributed; the tensor collectives go through the check."""
+
+    def __getattr__(self, name: str) -> Any:
+        fn = getattr(_td, name)
+        if name in _TENSOR_OPS:
+            return _checked(name, fn)
+        if name == "new_group":
+            return _new_group
+        return fn
+
+
+dist: Any = _Dist()
