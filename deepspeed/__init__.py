@@ -13,6 +13,7 @@ from . import comm, ops, zero  # transformers calls deepspeed.zero.Init after `i
 from .runtime import (
     lr_schedules,
 )  # accelerate reads deepspeed.runtime.lr_schedules after `import deepspeed`
+from .runtime.activation_checkpointing import checkpointing  # deepspeed.checkpointing
 from .runtime.lr_schedules import add_tuning_arguments
 
 __version_major__, __version_minor__, __version_patch__ = (
@@ -26,6 +27,7 @@ __all__ = [
     "__version__",
     "add_config_arguments",
     "add_tuning_arguments",
+    "checkpointing",
     "lr_schedules",
     "comm",
     "ops",

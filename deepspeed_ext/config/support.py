@@ -158,9 +158,6 @@ NOTED: dict[str, Rule] = {
 }
 
 INERT: dict[str, str] = {
-    # upstream reads these only in deepspeed.checkpointing.configure(), which model code
-    # calls; that module is not built yet, so such code fails at its import, never silently
-    "activation_checkpointing": "read by deepspeed.checkpointing, which the model calls",
     "seq_parallel_communication_data_type": "it applies with sequence_parallel_size > 1 only",
 }
 

@@ -25,6 +25,7 @@ from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
 from . import config_effects
+from .activation_checkpointing import settings as activation_checkpointing
 from .dataloader import DeepSpeedDataLoader, batch_tokens
 from .engine_surface import EngineSurface
 from .lr_schedules import get_lr_scheduler
@@ -72,6 +73,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         self._gas = sizes.gas
         config.check_resolved()
         config_effects.at_start(config)
+        activation_checkpointing.configure_for_engine(config, mpu)
 
         acc = get_accelerator()
         self.device = acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"

@@ -1,0 +1,5 @@
+"""`deepspeed.runtime.activation_checkpointing`: upstream's package path."""
+
+from . import checkpointing
+
+__all__ = ["checkpointing"]

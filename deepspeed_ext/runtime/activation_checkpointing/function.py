@@ -1,0 +1,226 @@
+"""checkpoint(): run a function without keeping its activations, and run it again in the
+backward to get them.
+
+[Note: activation checkpointing]
+Reentrant (upstream's checkpoint): an autograd Function runs the function under no_grad,
+keeping its inputs and a snapshot of every RNG stream (torch's CPU generator, the device's,
+the tracker's named streams); its backward reruns it with grad on, from the same snapshot
+(dropout draws the same masks) under the same autocast state, and backpropagates through
+the rerun. A reentrant Function only reaches parameters through inputs that need grad, so
+when none does (token ids into an embedding) checkpoint() takes the non-reentrant path
+instead of returning outputs that silently lose the parameters' gradients (a known
+torch.utils.checkpoint trap). Non-reentrant: torch's non-reentrant checkpoint, with the
+tracker's streams replayed by its context hooks.
+cpu_checkpointing keeps the saved inputs in host memory (pinned, copied asynchronously) and
+copies them back for the recompute; on a CPU device they are host memory already and are
+kept as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from deepspeed_ext.accelerator import get_accelerator, strict
+
+from . import rng, settings
+
+
+def _sync() -> None:
+    if settings.current().synchronize_checkpoint_boundary:
+        get_accelerator().synchronize()
+
+
+@contextlib.contextmanager
+def _phase(name: str) -> Iterator[None]:
+    """synchronize_checkpoint_boundary and profile around a forward or a recompute."""
+    s = settings.current()
+    _sync()
+    t0 = time.perf_counter() if s.profile else 0.0
+    try:
+        yield
+    finally:
+        _sync()
+        if s.profile:
+            if not s.synchronize_checkpoint_boundary:
+                get_accelerator().synchronize()  # a time needs the work done
+            s.times[name] += time.perf_counter() - t0
+            s.calls[name] += 1
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    if t.device.type == "cpu":
+        return t.detach()
+    acc = get_accelerator()
+    buf = strict.mark_host(torch.empty(t.shape, dtype=t.dtype, device="cpu"))
+    buf = acc.pin_memory(buf)
+    buf.copy_(t.detach(), non_blocking=True)  # read back by a device copy only: ordered
+    return buf
+
+
+_AUTOCAST_TYPES = ("cpu", "cuda")
+
+
+def _autocast_state() -> list[tuple[str, bool, torch.dtype]]:
+    out = []
+    for dev in _AUTOCAST_TYPES:
+        with contextlib.suppress(RuntimeError):
+            out.append((dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)))
+    return out
+
+
+@contextlib.contextmanager
+def _autocast(state: list[tuple[str, bool, torch.dtype]]) -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for dev, enabled, dtype in state:
+            if enabled:
+                stack.enter_context(torch.autocast(dev, dtype=dtype))
+        yield
+
+
+class _Reentrant(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, run: Callable[..., Any], box: list[Any], *args: Any) -> Any:
+        s = settings.current()
+        ctx.run = run
+        ctx.rng = rng.snapshot()
+        ctx.autocast = _autocast_state()
+        ctx.spec = [
+            (isinstance(a, torch.Tensor), isinstance(a, torch.Tensor) and a.requires_grad)
+            for a in args
+        ]
+        ctx.others = [None if isinstance(a, torch.Tensor) else a for a in args]
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        ctx.cpu = s.cpu_checkpointing
+        if ctx.cpu:
+            ctx.devices = [t.device for t in tensors]
+            ctx.host = [_to_host(t) for t in tensors]
+        else:
+            ctx.save_for_backward(*tensors)
+        with _phase("forward"), torch.no_grad():
+            out = run(*args)
+        box.append(out)
+        flat = _outputs(out)
+        tensors_out = tuple(o for o in flat if isinstance(o, torch.Tensor))
+        ctx.mark_non_differentiable(*[t for t in tensors_out if not t.is_floating_point()])
+        return tensors_out
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        if ctx.cpu:
+            saved = [h.to(d, non_blocking=True) for h, d in zip(ctx.host, ctx.devices)]
+        else:
+            saved = list(ctx.saved_tensors)
+        it = iter(saved)
+        inputs = []
+        for (is_t, req), other in zip(ctx.spec, ctx.others):
+            inputs.append(next(it).detach().requires_grad_(req) if is_t else other)
+        with (
+            _phase("recompute"),
+            rng.replaying(ctx.rng),
+            _autocast(ctx.autocast),
+            torch.enable_grad(),
+        ):
+            out = ctx.run(*inputs)
+        outs = [o for o in _outputs(out) if isinstance(o, torch.Tensor)]
+        pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+        return (
+            None,
+            None,
+            *[x.grad if is_t and req else None for x, (is_t, req) in zip(inputs, ctx.spec)],
+        )
+
+
+def _outputs(out: Any) -> tuple[Any, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def _rebuild(out: Any, tensors: tuple[torch.Tensor, ...]) -> Any:
+    """The function's own output structure, its tensors replaced by the graph's."""
+    it = iter(tensors)
+    flat = [next(it) if isinstance(o, torch.Tensor) else o for o in _outputs(out)]
+    if isinstance(out, (tuple, list)):
+        return type(out)(flat)
+    return flat[0]
+
+
+def _positional(function: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, tuple]:
+    if not kwargs:
+        return function, args
+    keys, n = tuple(kwargs), len(args)
+
+    def call(*all_args: Any) -> Any:
+        return function(*all_args[:n], **dict(zip(keys, all_args[n:])))
+
+    return call, args + tuple(kwargs.values())
+
+
+def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Upstream's deepspeed.checkpointing.checkpoint ([Note: activation checkpointing])."""
+    run, flat = _positional(function, args, kwargs)
+    if not torch.is_grad_enabled():
+        return run(*flat)  # no backward will come: nothing to save or recompute
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat):
+        return non_reentrant_checkpoint(run, *flat)
+    box: list[Any] = []
+    tensors = _Reentrant.apply(run, box, *flat)
+    return _rebuild(box[0], tensors)
+
+
+def _tracker_contexts() -> tuple[Any, Any]:
+    saved: dict[str, Any] = {}
+
+    @contextlib.contextmanager
+    def forward() -> Iterator[None]:
+        saved["tracked"] = rng.get_cuda_rng_tracker().get_states()
+        with _phase("forward"):
+            yield
+
+    @contextlib.contextmanager
+    def recompute() -> Iterator[None]:
+        tracker = rng.get_cuda_rng_tracker()
+        now = tracker.get_states()
+        tracker.set_states(dict(saved["tracked"]))
+        try:
+            with _phase("recompute"):
+                yield
+        finally:
+            tracker.set_states(now)
+
+    return forward(), recompute()
+
+
+def non_reentrant_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Upstream's non_reentrant_checkpoint: works when no input needs grad, and with
+    backward hooks and torch.autograd.grad ([Note: activation checkpointing])."""
+    from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+    run, flat = _positional(function, args, kwargs)
+    if settings.current().cpu_checkpointing:
+        run, flat = _via_host(run, flat)
+    return torch_checkpoint(
+        run, *flat, use_reentrant=False, preserve_rng_state=True, context_fn=_tracker_contexts
+    )
+
+
+def _via_host(run: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:
+    """cpu_checkpointing for the non-reentrant path: the checkpoint keeps host copies of the
+    device inputs (the gradient still flows back through the copies)."""
+    devices = [a.device if isinstance(a, torch.Tensor) else None for a in args]
+    if all(d is None or d.type == "cpu" for d in devices):
+        return run, args
+    host = tuple(
+        a.to("cpu") if isinstance(a, torch.Tensor) and a.device.type != "cpu" else a for a in args
+    )
+
+    def call(*xs: Any) -> Any:
+        back = [x.to(d, non_blocking=True) if d is not None else x for x, d in zip(xs, devices)]
+        return run(*back)
+
+    return call, host

@@ -1,0 +1,153 @@
+"""What deepspeed.checkpointing.configure() set: upstream's arguments over the config's
+`activation_checkpointing` section, checked when configured (not at the first recompute)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from deepspeed_ext.config.errors import ConfigError
+from deepspeed_ext.utils.logging import logger
+
+_SECTION = "activation_checkpointing"
+
+
+@dataclass
+class Settings:
+    partition_activations: bool = False
+    contiguous_memory_optimization: bool = False
+    number_checkpoints: int | None = None
+    cpu_checkpointing: bool = False
+    synchronize_checkpoint_boundary: bool = False
+    profile: bool = False
+    mpu: Any = None
+    configured: bool = False
+    by_engine: bool = False  # set from an engine's config, not by the user's configure()
+    # profile: seconds spent in checkpointed forwards and in their recomputes, and counts
+    times: dict[str, float] = field(default_factory=lambda: {"forward": 0.0, "recompute": 0.0})
+    calls: dict[str, int] = field(default_factory=lambda: {"forward": 0, "recompute": 0})
+
+
+_current = Settings()
+
+
+def current() -> Settings:
+    return _current
+
+
+def _section(deepspeed_config: Any) -> dict[str, Any]:
+    """The activation_checkpointing section of a config (path, dict, DeepSpeedConfig),
+    validated as the engine validates it: a misspelt key is an error naming it."""
+    cfg = deepspeed_config
+    if not hasattr(cfg, "activation_checkpointing"):
+        from deepspeed_ext.config import parse
+
+        cfg = parse(cfg)
+    section = cfg.activation_checkpointing
+    return {k: getattr(section, k) for k in type(section).model_fields}
+
+
+def _tp_size(mpu: Any) -> int:
+    if mpu is None:
+        return 1
+    for name in ("get_tensor_model_parallel_world_size", "get_model_parallel_world_size"):
+        if hasattr(mpu, name):
+            return int(getattr(mpu, name)())
+    return 1
+
+
+def configure(
+    mpu_: Any = None,
+    deepspeed_config: Any = None,
+    partition_activations: bool | None = None,
+    contiguous_checkpointing: bool | None = None,
+    num_checkpoints: int | None = None,
+    checkpoint_in_cpu: bool | None = None,
+    synchronize: bool | None = None,
+    profile: bool | None = None,
+) -> None:
+    """Upstream's signature: defaults, then the config section, then the arguments given."""
+    global _current
+    s = Settings(mpu=mpu_ if mpu_ is not None else _current.mpu, configured=True)
+    if deepspeed_config is not None:
+        for k, v in _section(deepspeed_config).items():
+            if hasattr(s, k):
+                setattr(s, k, v)
+    given = {
+        "partition_activations": partition_activations,
+        "contiguous_memory_optimization": contiguous_checkpointing,
+        "number_checkpoints": num_checkpoints,
+        "cpu_checkpointing": checkpoint_in_cpu,
+        "synchronize_checkpoint_boundary": synchronize,
+        "profile": profile,
+    }
+    for k, v in given.items():
+        if v is not None:
+            setattr(s, k, v)
+    _check(s)
+    _current = s
+    logger.debug(
+        f"activation checkpointing: cpu_checkpointing={s.cpu_checkpointing}, "
+        f"synchronize={s.synchronize_checkpoint_boundary}, profile={s.profile}"
+    )
+
+
+def _check(s: Settings) -> None:
+    key = f"{_SECTION}.partition_activations"
+    if s.partition_activations:
+        if _tp_size(s.mpu) <= 1:
+            raise ConfigError(
+                f"{key} is true but there is no tensor-parallel group of 2 or more ranks to "
+                "split saved activations across (pass an mpu with one to configure()); set it "
+                "false, or use cpu_checkpointing to move them off the device instead"
+            )
+        raise ConfigError(
+            f"{key}: splitting saved activations across a tensor-parallel group is not built "
+            "yet (it arrives with tensor slicing); set it false"
+        )
+    if s.contiguous_memory_optimization:
+        raise ConfigError(
+            f"{_SECTION}.contiguous_memory_optimization is not built yet (it applies to "
+            "partitioned activations); set it false"
+        )
+    if s.number_checkpoints is not None and s.number_checkpoints < 1:
+        raise ConfigError(
+            f"{_SECTION}.number_checkpoints must be 1 or more, got {s.number_checkpoints}"
+        )
+
+
+def configure_for_engine(config: Any, mpu: Any) -> None:
+    """deepspeed.initialize applies the config's activation_checkpointing section to
+    deepspeed.checkpointing (upstream leaves that to model code, so a section set without
+    a configure() call does nothing there), unless the user configured it themselves."""
+    if _current.configured and not _current.by_engine:
+        return
+    configure(mpu, deepspeed_config=config)
+    _current.by_engine = True
+
+
+def is_configured() -> bool:
+    return _current.configured
+
+
+def reset() -> None:
+    """Upstream frees its contiguous buffers here (for eval passes without a backward). This
+    runtime keeps no buffers between calls, so nothing is left to free; the profile
+    counters restart."""
+    _current.times = {"forward": 0.0, "recompute": 0.0}
+    _current.calls = {"forward": 0, "recompute": 0}
+
+
+def set_num_layers(nlayers: int) -> None:
+    """Upstream's name for number_checkpoints."""
+    _current.number_checkpoints = nlayers
+    _check(_current)
+
+
+def partition_activations_in_checkpoint(partition_activation: bool) -> None:
+    _current.partition_activations = bool(partition_activation)
+    try:
+        _check(_current)
+    except ConfigError:
+        _current.partition_activations = False
+        raise

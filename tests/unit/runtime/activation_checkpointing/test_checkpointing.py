@@ -1,0 +1,140 @@
+"""deepspeed.checkpointing in one process: gradients with checkpointing equal those without
+(exactly, fp32), random numbers replayed, upstream's API, and its errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import deepspeed
+from deepspeed_ext.config import ConfigError
+from deepspeed_ext.runtime import activation_checkpointing as ckpt
+from deepspeed_ext.runtime.activation_checkpointing import settings
+
+from .models import Embedder, Net
+
+MODES = ["reentrant", "non_reentrant"]
+
+
+@pytest.fixture(autouse=True)
+def _defaults():
+    ckpt.configure(None)
+    ckpt.get_cuda_rng_tracker().reset()
+    yield
+    ckpt.configure(None)
+    settings._current.configured = False
+
+
+def _grads(mode: str, autocast: bool = False) -> tuple[list[torch.Tensor], torch.Tensor, float]:
+    net = Net(mode)
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    torch.manual_seed(42)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = net(x).float().pow(2).mean()
+    loss.backward()
+    after = float(torch.rand(()))  # the stream continues as if nothing was recomputed
+    return [p.grad for p in net.parameters()], x.grad, after
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gradients_equal_without_checkpointing(mode):
+    ref, ref_x, ref_after = _grads("none")
+    got, got_x, after = _grads(mode)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got))
+    assert torch.equal(ref_x, got_x) and after == ref_after
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cpu_checkpointing_and_autocast(mode):
+    ckpt.configure(None, checkpoint_in_cpu=True)
+    ref, ref_x, _ = _grads("none", autocast=True)
+    got, got_x, _ = _grads(mode, autocast=True)
+    assert all(torch.equal(a, b) for a, b in zip(ref, got)) and torch.equal(ref_x, got_x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inputs_that_need_no_grad_still_train_the_parameters(mode):
+    ids = torch.tensor([1, 3, 3, 7])
+    ref = Embedder("none")
+    ref(ids).backward()
+    got = Embedder(mode)
+    got(ids).backward()
+    assert got.emb.weight.grad is not None
+    assert torch.equal(ref.emb.weight.grad, got.emb.weight.grad)
+
+
+def test_non_tensor_arguments_and_outputs_pass_through():
+    lin = torch.nn.Linear(4, 4)
+
+    def f(x, tag, mask, scale=1.0):
+        return lin(x) * scale, tag, mask
+
+    x = torch.randn(2, 4, requires_grad=True)
+    mask = torch.tensor([True, False])
+    y, tag, m = ckpt.checkpoint(f, x, "t", mask, scale=3.0)
+    assert tag == "t" and torch.equal(m, mask) and y.requires_grad
+    y.sum().backward()
+    assert torch.allclose(x.grad, 3.0 * lin.weight.sum(0).expand(2, 4))
+    with torch.no_grad():  # no backward will come: the function just runs
+        assert ckpt.checkpoint(f, x, "u", mask)[1] == "u"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rng_tracker_streams_replay_inside_a_recompute(mode):
+    ckpt.model_parallel_cuda_manual_seed(5)
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        with ckpt.get_cuda_rng_tracker().fork():
+            return torch.nn.functional.dropout(lin(x), 0.5)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    states = ckpt.get_cuda_rng_tracker().get_states()
+    f(x).sum().backward()
+    ref = x.grad.clone()
+    x.grad = None
+    ckpt.get_cuda_rng_tracker().set_states(states)
+    fn = ckpt.checkpoint if mode == "reentrant" else ckpt.non_reentrant_checkpoint
+    fn(f, x).sum().backward()
+    assert torch.equal(ref, x.grad)
+    with pytest.raises(ValueError, match="exists already"):
+        ckpt.get_cuda_rng_tracker().add("model-parallel-rng", 99)
+    with pytest.raises(KeyError, match="model_parallel_cuda_manual_seed"):
+        with ckpt.get_cuda_rng_tracker().fork("other"):
+            pass
+
+
+def test_configure_from_a_config_and_arguments():
+    assert deepspeed.checkpointing.is_configured()
+    ckpt.configure(None, deepspeed_config={"activation_checkpointing": {"cpu_checkpointing": True}})
+    assert settings.current().cpu_checkpointing
+    ckpt.configure(
+        None, deepspeed_config={"activation_checkpointing": {"profile": True}}, profile=False
+    )
+    assert not settings.current().profile  # an argument wins over the config
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"partition_activations": True}, "activation_checkpointing.partition_activations"),
+        ({"contiguous_checkpointing": True}, "contiguous_memory_optimization"),
+        ({"num_checkpoints": 0}, "number_checkpoints must be 1 or more"),
+        (
+            {"deepspeed_config": {"activation_checkpointing": {"cpu_checkpointng": True}}},
+            'cpu_checkpointng: unknown key; did you mean "cpu_checkpointing"',
+        ),
+    ],
+)
+def test_bad_settings_fail_at_configure_naming_the_key(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        ckpt.configure(None, **kwargs)
+
+
+def test_profile_counts_forwards_and_recomputes():
+    ckpt.configure(None, profile=True)
+    _grads("reentrant")
+    s = settings.current()
+    assert s.calls == {"forward": 3, "recompute": 3} and s.times["recompute"] > 0
+    ckpt.reset()
+    assert s.calls == {"forward": 0, "recompute": 0}
