@@ -25,6 +25,19 @@ from .leaf import is_leaf_module
 from .param import is_zero_param
 
 
+def _recomputing() -> bool:
+    """[Note: recompute under stage 3]
+    A forward that runs while autograd runs a backward is an activation checkpoint's
+    recompute. Its gathers count as the backward's. The parameters stay gathered after it
+    (the strategy releases each once its gradient is taken; a frozen one at the next
+    forward's end): the backward that asked for the recompute reads them next, and a
+    non-reentrant recompute may stop early, before any post-forward hook runs, so neither
+    the active count nor a release may depend on one. (Releasing there was a use after
+    release, and a stopped recompute left parameters counted active forever: gathered and
+    stale after the step.)"""
+    return torch._C._current_graph_task_id() != -1
+
+
 def _tensors(obj: Any) -> list[torch.Tensor]:
     """Tensors needing grad anywhere inside nested outputs (tuples, lists, dicts, dataclasses)."""
     out: list[torch.Tensor] = []
@@ -93,6 +106,9 @@ class ModuleHooks:
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         i = self.index[id(module)]
         params = self.params[i]
+        if _recomputing():  # [Note: recompute under stage 3]
+            self.coordinator.fetch(i, BACKWARD)
+            return
         for p in params:
             p.ds_active += 1
         self.coordinator.fetch(i, FORWARD)
@@ -105,6 +121,8 @@ class ModuleHooks:
     def _post_forward(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         i = self.index[id(module)]
         params = self.params[i]
+        if _recomputing():  # the backward about to run reads them: they stay gathered
+            return
         for p in params:
             p.ds_active -= 1
         if not self.coordinator.keep_after_forward(i):

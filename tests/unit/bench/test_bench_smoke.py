@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("zero3_nvme.py", ["--smoke"], "zero3_nvme_smoke.json"),  # three 2-rank jobs, ~30 s
         ("kill_soak.py", ["--smoke"], "kill_soak_smoke.json"),  # seven 2-rank jobs, ~35 s
         ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
+        ("activation_checkpointing.py", ["--smoke"], "activation_checkpointing_smoke.json"),
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -104,6 +105,13 @@ def test_bench_smoke(script, args, result, tmp_path):
         data = json.loads((tmp_path / result).read_text())
         for stage in ("validate", "initialize"):
             assert data[stage]["uncaught"] == data[stage]["unnamed"] == 0, data["failures"]
+    elif result == "activation_checkpointing_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        rows = {r["variant"]: r for r in data["rows"]}
+        assert {"ours full", "torch full", "ours non-reentrant"} <= set(rows), rows
+        # bytes, not time: per-block checkpoints keep only the block inputs
+        assert rows["ours full"]["activation_cut"] > 0.6, rows["ours full"]
+        assert rows["ours full"]["autograd_saved_mb"] == rows["torch full"]["autograd_saved_mb"]
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

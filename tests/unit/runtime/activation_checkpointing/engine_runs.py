@@ -16,7 +16,7 @@ def _train(mode: str, stage: int, steps: int, extra: dict[str, Any]) -> tuple[li
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "Adam", "params": {"lr": 1e-2}},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
         **extra,
     }
     engine, *_ = deepspeed.initialize(model=Net(mode), config=cfg)
@@ -58,4 +58,59 @@ def modes_match(stages: list[int]) -> dict[str, Any]:
                 "params_equal": all(torch.equal(a, b) for a, b in zip(final, ref_final)),
                 "cpu_setting": settings.current().cpu_checkpointing,
             }
+    return out
+
+
+def _hf_gpt2(ckpt_kwargs: dict[str, Any] | None) -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16, bos_token_id=0,
+        eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config)
+    if ckpt_kwargs is not None:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ckpt_kwargs)
+    model.config.use_cache = False
+    return model
+
+
+def hf_zero3_checkpointing() -> dict[str, bool]:
+    """Hugging Face's gradient_checkpointing_enable() under ZeRO 3: losses and weights equal
+    the run without it (dropout off), reentrant (HF's default) and not."""
+    import deepspeed
+    from deepspeed.zero import GatheredParameters
+
+    def train(ckpt_kwargs: dict[str, Any] | None) -> tuple[list[float], list[torch.Tensor]]:
+        cfg = {
+            "train_micro_batch_size_per_gpu": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+        }
+        engine, *_ = deepspeed.initialize(model=_hf_gpt2(ckpt_kwargs), config=cfg)
+        engine.train()
+        rank = torch.distributed.get_rank()
+        losses = []
+        for step in range(3):
+            g = torch.Generator().manual_seed(10 * step + rank)
+            ids = torch.randint(0, 64, (2, 16), generator=g)
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss))
+        params = list(engine.module.parameters())
+        with GatheredParameters(params):
+            return losses, [p.detach().clone() for p in params]
+
+    ref_losses, ref_params = train(None)
+    out = {}
+    for name, kw in [
+        ("reentrant", {"use_reentrant": True}),
+        ("non_reentrant", {"use_reentrant": False}),
+    ]:
+        losses, params = train(kw)
+        out[name] = losses == ref_losses and all(
+            torch.equal(a, b) for a, b in zip(params, ref_params)
+        )
     return out

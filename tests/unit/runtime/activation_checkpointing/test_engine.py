@@ -4,9 +4,11 @@ section reaches deepspeed.checkpointing."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.helpers.distributed import run_ranks
 
-from .engine_runs import modes_match
+from .engine_runs import hf_zero3_checkpointing, modes_match
 
 
 def test_every_zero_stage_matches_no_checkpointing_on_two_ranks():
@@ -14,3 +16,9 @@ def test_every_zero_stage_matches_no_checkpointing_on_two_ranks():
         for key, v in r.items():
             assert v["losses_equal"] and v["params_equal"], (key, v)
             assert v["cpu_setting"] == key.endswith("cpu"), key
+
+
+def test_hugging_face_gradient_checkpointing_under_zero3():
+    pytest.importorskip("transformers")
+    for r in run_ranks(hf_zero3_checkpointing, 2, timeout=300):
+        assert r == {"reentrant": True, "non_reentrant": True}, r
