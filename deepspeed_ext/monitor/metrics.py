@@ -25,11 +25,15 @@ class StepMetrics:
         timers: PhaseTimers | None = None,
         throughput: bool = True,
         synchronize: Any = None,
+        sources: list[Any] | None = None,
     ) -> None:
         # timers.throughput: off drops samples/s and tokens/s; `synchronize` (the device's,
         # when timers.throughput.synchronized) makes the step's time include queued work
         self.throughput = throughput
         self.synchronize = synchronize
+        # more "<name>_ms" timings: callables returning (and restarting) them, e.g. the
+        # activation checkpoints' forward and recompute times with their profile on
+        self.sources = sources or []
         # steps_per_print None (upstream's default): no periodic line; monitors still get
         # every step.
         self.print_line = every is not None
@@ -79,6 +83,8 @@ class StepMetrics:
                 values["tokens_per_s"] = self._tokens * self.world_size / dt
         values["peak_mem_gib"] = self.peak_memory() / 2**30
         breakdown = self.timers.take_ms() if self.timers is not None else {}
+        for source in self.sources:
+            breakdown.update(source())
         memory = self.timers.memory.take_mb() if self.timers and self.timers.memory else {}
         values.update(breakdown)
         values.update(memory)
@@ -94,7 +100,7 @@ class StepMetrics:
         if "tokens_per_s" in values:
             parts.append(f"tokens/s {values['tokens_per_s']:.0f}")
         parts.append(f"peak mem {values['peak_mem_gib']:.2f} GiB")
-        parts += [f"{k[:-3]} {v:.1f} ms" for k, v in breakdown.items()]
+        parts += [f"{k[:-3].replace('_', ' ')} {v:.1f} ms" for k, v in breakdown.items()]
         parts += [f"{k[:-3].replace('_', ' ')} {v:.0f} MB" for k, v in memory.items()]
         if self.print_line:
             logger.info(" | ".join(parts))

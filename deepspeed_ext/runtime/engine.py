@@ -136,6 +136,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             self.timers,
             throughput=bool(config.timers.throughput.enabled),
             synchronize=acc.synchronize if config.timers.throughput.synchronized else None,
+            sources=[activation_checkpointing.take_profile_ms],
         )
         self.global_steps = 0
         self.global_samples = 0

@@ -138,6 +138,16 @@ def reset() -> None:
     _current.calls = {"forward": 0, "recompute": 0}
 
 
+def take_profile_ms() -> dict[str, float]:
+    """profile: milliseconds in checkpointed forwards and in recomputes since the last call
+    (the metrics line shows them as `ckpt forward` and `ckpt recompute`); {} when off."""
+    if not _current.profile:
+        return {}
+    out = {f"ckpt_{k}_ms": 1000 * v for k, v in _current.times.items()}
+    reset()
+    return out
+
+
 def set_num_layers(nlayers: int) -> None:
     """Upstream's name for number_checkpoints."""
     _current.number_checkpoints = nlayers

@@ -138,3 +138,33 @@ def test_profile_counts_forwards_and_recomputes():
     assert s.calls == {"forward": 3, "recompute": 3} and s.times["recompute"] > 0
     ckpt.reset()
     assert s.calls == {"forward": 0, "recompute": 0}
+
+
+def test_a_12_layer_gpt_keeps_only_block_inputs():
+    """Autograd's saved bytes at the end of a 12-layer GPT forward (parameters excluded):
+    per-block checkpoints keep each block's input, a small fraction of the activations."""
+    from examples.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, seq_len=32, n_layer=12, n_head=4, d_model=32))
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    idx = torch.randint(0, 64, (4, 32))
+
+    def saved(checkpointed: bool) -> tuple[int, int]:
+        seen: dict[int, int] = {}
+
+        def pack(t):
+            if t.untyped_storage().data_ptr() not in weights:
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        x = model.tok(idx) + model.pos(torch.arange(32))
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            for b in model.blocks:
+                x = ckpt.checkpoint(b, x) if checkpointed else b(x)
+        return sum(seen.values()), x.numel() * x.element_size()
+
+    full, _ = saved(False)
+    kept, one = saved(True)
+    assert kept == 12 * one  # exactly the 12 block inputs
+    assert kept < 0.15 * full, (kept, full)

@@ -13,6 +13,8 @@ from .engine_runs import hf_zero3_checkpointing, modes_match
 
 def test_every_zero_stage_matches_no_checkpointing_on_two_ranks():
     for r in run_ranks(modes_match, 2, [0, 1, 2, 3], timeout=300):
+        metrics = r.pop("metrics")
+        assert metrics["ckpt_forward_ms"] > 0 and metrics["ckpt_recompute_ms"] > 0, metrics
         for key, v in r.items():
             assert v["losses_equal"] and v["params_equal"], (key, v)
             assert v["cpu_setting"] == key.endswith("cpu"), key
