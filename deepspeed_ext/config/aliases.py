@@ -89,6 +89,8 @@ RENAMES: tuple[Rename, ...] = (
     Rename(_ZERO, "offload_params", "offload_param", deprecated=False),
     Rename("aio", "thread_count", "intra_op_parallelism"),
     Rename("tensor_parallel", "tensor_parallel", "tp", deprecated=False),
+    # printed by widely read guides (Megatron's name); upstream does not accept it
+    Rename("", "tensor_model_parallel_size", "tensor_parallel.autotp_size", deprecated=False),
     Rename("tensor_parallel", "kernel_inject", "replace_with_kernel_inject", deprecated=False),
     Rename("quantize_training", "quantize-algo", "quantize_algo", deprecated=False),
 )

@@ -77,11 +77,30 @@ def _zero_stage(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return out
 
 
+def _tensor_parallel(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    tp, out = cfg.tensor_parallel.autotp_size, []
+    if tp < 0:
+        out.append(f"tensor_parallel.autotp_size must be >= 0 (0 or 1: no slicing), got {tp}")
+    if tp > 1 and cfg.zero_optimization.stage == 3 and "zero_optimization.stage" not in autos:
+        out.append(
+            f"tensor_parallel.autotp_size {tp} with zero_optimization.stage 3: AutoTP training "
+            "runs with ZeRO stages 0, 1 and 2 (stage 3 would partition the slices again); "
+            "use stage 2, or autotp_size 1"
+        )
+    stages = cfg.pipeline_parallelism.num_stages
+    if tp > 1 and stages is not None and stages > 1:
+        out.append(
+            f"tensor_parallel.autotp_size {tp} with pipeline_parallelism.num_stages {stages}: "
+            "tensor slicing inside pipeline stages is not built yet; use one of the two"
+        )
+    return out
+
+
 def _refused(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return support.refused(cfg)  # [Note: config honesty]
 
 
-CHECKS: tuple[Check, ...] = (_refused, _precision, _offload, _zero_stage)
+CHECKS: tuple[Check, ...] = (_refused, _precision, _offload, _zero_stage, _tensor_parallel)
 
 
 def consistency(cfg: DeepSpeedConfig) -> list[str]:

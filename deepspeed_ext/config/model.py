@@ -218,6 +218,11 @@ class DeepSpeedConfig(BaseModel):
         )
 
     # -- what the engine asks ------------------------------------------------------------------
+    def model_parallel_size(self) -> int:
+        """Ranks per model replica the config asks for: tensor slices x pipeline stages."""
+        tp = max(self.tensor_parallel.autotp_size, 1)
+        return tp * (self.pipeline_parallelism.num_stages or 1)
+
     def resolve_batch(
         self, world_size: int, world_size_source: str = "the world_size argument"
     ) -> BatchSizes:

@@ -63,7 +63,29 @@ REFUSED: dict[str, Rule] = {
     "progressive_layer_drop": Rule(f"progressive layer drop {_UNBUILT}"),
     "quantize_training": Rule(f"quantization-aware training {_UNBUILT}"),
     "sparse_attention": Rule("the sparse_attention section is not built yet"),
-    "tensor_parallel": Rule(f"automatic tensor parallelism {_UNBUILT}"),
+    "tensor_parallel.vocab_parallel_lm_head": Rule(
+        f"a vocabulary-parallel lm_head {_UNBUILT}; lm_head stays whole", allowed=(False,)
+    ),
+    "tensor_parallel.vocab_parallel_ce_backend": Rule(
+        f"the liger cross-entropy backend {_UNBUILT}"
+    ),
+    "tensor_parallel.keep_module_on_host": Rule(f"keeping sliced modules on the host {_UNBUILT}"),
+    "tensor_parallel.replace_with_kernel_inject": Rule(
+        "inference kernel injection does not apply to training; remove it"
+    ),
+    "tensor_parallel.tp.tp_size": Rule(
+        "it is the inference engine's tensor-parallel size; for training set "
+        "tensor_parallel.autotp_size",
+        when=lambda cfg: cfg.tensor_parallel.tp.tp_size != cfg.tensor_parallel.autotp_size,
+    ),
+    "tensor_parallel.tp.tp_grain_size": Rule(f"uneven (grain-sized) slices {_UNBUILT}"),
+    "tensor_parallel.dtype": Rule(
+        "the model's dtype comes from the fp16 / bf16 sections; set it alike or remove it",
+        when=lambda cfg: (
+            cfg.tensor_parallel.dtype
+            != ("fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32")
+        ),
+    ),
     "torch_autocast": Rule(f"torch.autocast mixed precision {_UNBUILT}; use fp16 or bf16"),
     "weight_quantization": Rule(f"weight quantization {_UNBUILT}"),
     "zero_optimization.zenflow": Rule(f"ZenFlow {_UNBUILT}"),
@@ -132,6 +154,9 @@ NOTED: dict[str, Rule] = {
         "gradient reduction always overlaps backward", allowed=(True,)
     ),
     "zero_optimization.round_robin_gradients": Rule(_SPEED),
+    "tensor_parallel.tp_overlap_comm": Rule(
+        "the sliced layers' all-reduces run in line with the compute"
+    ),
     "zero_optimization.elastic_checkpoint": Rule("checkpoints always load at another world size"),
     "zero_optimization.parameter_alignment": Rule(_SPEED),
     "zero_optimization.memory_efficient_linear": Rule(_SPEED),
@@ -153,8 +178,8 @@ NOTED: dict[str, Rule] = {
     "checkpoint.parallel_write": Rule(_SPEED),
     "checkpoint.checkpoint_serialization": Rule("checkpoints always use torch's zip format"),
     "checkpoint.writer": Rule(_SPEED),
-    "pipeline.pipe_partitioned": Rule("it only applies with tensor slicing, not built yet"),
-    "pipeline.grad_partitioned": Rule("it only applies with tensor slicing, not built yet"),
+    "pipeline.pipe_partitioned": Rule(f"partitioned pipeline activations {_UNBUILT}"),
+    "pipeline.grad_partitioned": Rule(f"partitioned pipeline gradients {_UNBUILT}"),
 }
 
 INERT: dict[str, str] = {
@@ -164,7 +189,6 @@ INERT: dict[str, str] = {
 # Keys some guides use for features other issues build: not in the typed config yet, so
 # unknown, but the error says what they are rather than suggesting a near spelling.
 NOT_YET: dict[str, str] = {
-    "tensor_model_parallel_size": "tensor slicing (not built yet)",
     "gradient_compression": "compressed gradient communication (1-bit; not built yet)",
     "communication": "the communication section (compressed and hierarchical; not built yet)",
 }

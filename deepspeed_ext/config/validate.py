@@ -37,9 +37,17 @@ def validate_config_file(
             cfg.check_resolved()
         except ConfigError as e:
             problems += e.problems
-    if not any(k in autos for k in TRIAD):
-        try:
-            cfg.resolve_batch(world_size, world_size_source)
+    mp = cfg.model_parallel_size()
+    if world_size % mp:
+        problems.append(
+            f"world size {world_size} ({world_size_source}) is not a multiple of the "
+            f"{mp} ranks each model replica needs (tensor_parallel.autotp_size x "
+            "pipeline_parallelism.num_stages): launch a multiple of it, or change them"
+        )
+    elif not any(k in autos for k in TRIAD):
+        try:  # the batch is per data-parallel rank: the world over the model-parallel ranks
+            dp_source = world_size_source if mp == 1 else f"{world_size_source} / {mp}"
+            cfg.resolve_batch(world_size // mp, dp_source)
         except ConfigError as e:
             problems += e.problems
     if problems:

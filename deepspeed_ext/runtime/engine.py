@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext import comm
+from deepspeed_ext import comm, tp
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
@@ -24,7 +24,7 @@ from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
-from . import config_effects
+from . import config_effects, tensor_parallel
 from .activation_checkpointing import settings as activation_checkpointing
 from .dataloader import DeepSpeedDataLoader, batch_tokens
 from .engine_surface import EngineSurface
@@ -55,7 +55,9 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         self.world_size = comm.get_world_size()
         self.rank = comm.get_rank()
         # [Note: parallel layout]: every data-parallel collective runs over layout.data
-        self.layout = parallel_layout.layout_for(mpu)
+        # [Note: AutoTP in the engine]: tensor slicing adds a tensor axis to the layout
+        autotp_size = tensor_parallel.tp_size(config, model)
+        self.layout = tensor_parallel.layout(mpu, autotp_size, model)
         parallel_layout.set_current(self.layout)
         self.mpu = mpu
         self.dp_world_size = self.layout.data.size
@@ -78,6 +80,14 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         acc = get_accelerator()
         self.device = acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"
         self.module = model.to(self.device)
+        self.autotp = tensor_parallel.slice_for_engine(
+            self.module, config, autotp_size, self.layout.tensor
+        )
+        # [Note: AutoTP in the engine]: replicated weights count once in the norm (the
+        # tensor group's first rank has them); sliced ones add up over the tensor group
+        self._norm_axis = tensor_parallel.norm_axis(self.module, self.layout)
+        sums_slices = self._norm_axis is self.layout.model and self.layout.tensor.rank > 0
+        self._tp_replicated = tp.replicated_params(self.module) if sums_slices else []
         if config.fp16.enabled:
             self.module.half()
         elif config.bf16.enabled:
@@ -274,6 +284,13 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         pipe_extra: torch.Tensor | float = 0.0,
     ) -> StepOutcome:
         """[Note: optimizer step]: shared with the pipeline engine."""
+        if self._tp_replicated:
+            replicated_sq = replicated_sq + tensor_parallel.replicated_grad_sq(
+                self.strategy,
+                self._tp_replicated,
+                self.layout.data,
+                comm.collective_device(self.layout.data),
+            )
         scale = self.loss_scaler.loss_scale if self.loss_scaler else None
         out = optimizer_step(
             self.strategy,
@@ -281,7 +298,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             self.loss_scaler,
             self.lr_scheduler,
             float(self.config.gradient_clipping or 0.0),
-            self.layout.pipe,
+            self._norm_axis,  # the rest of the model: pipeline stages (x tensor slices)
             lr_kwargs,
             replicated_sq,
             pipe_extra,

@@ -1,0 +1,134 @@
+"""AutoTP training in the engine: the layout the config asks for, the model sliced before the
+gradient strategy is built, and each weight counted once in the gradient norm.
+
+[Note: AutoTP in the engine]
+`tensor_parallel.autotp_size` N (or the alias `tensor_model_parallel_size`, or
+deepspeed.tp_model_init(model, tp_size=N)) lays the world out as upstream's topology does:
+N consecutive ranks slice one replica, the data-parallel groups are the ranks with the same
+slice. Everything data-parallel (ZeRO, buckets, batch sizes, the data loader, checkpoints'
+dp_rank) then runs over the data group, as with any layout; checkpoints are per
+tensor-parallel rank (mp_rank_XX). A sliced weight's gradients differ across the tensor group
+and a replicated one's do not, so the norm sums over the tensor group after every rank but the
+group's first takes its replicated part away (tp/ cannot import zero/, so that sum lives here).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext import tp
+from deepspeed_ext.comm import (
+    AxisGroup,
+    ParallelLayout,
+    ReduceOp,
+    all_reduce,
+    collective_device,
+    group_broadcast,
+    layout_from_topology,
+    sum_tensor_over,
+)
+from deepspeed_ext.comm import layout as parallel_layout
+from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
+from deepspeed_ext.zero.norms import sum_of_squares
+
+_KEY = "tensor_parallel.autotp_size"
+
+
+def recorded(model: Any) -> dict[str, Any]:
+    """What deepspeed.tp_model_init recorded on the model (empty when it was not called)."""
+    return dict(getattr(model, "ds_autotp_init", None) or {})
+
+
+def tp_size(config: Any, model: Any) -> int:
+    """The tensor-parallel size: the config's, else tp_model_init's; the two must agree."""
+    size = max(int(config.tensor_parallel.autotp_size), 1)
+    rec = recorded(model).get("tp_size")
+    if rec is not None and size > 1 and int(rec) != size:
+        raise ValueError(
+            f"{_KEY} is {size} but deepspeed.tp_model_init(tp_size={rec}) was called on the "
+            "model; make them equal or drop one"
+        )
+    return size if size > 1 or rec is None else max(int(rec), 1)
+
+
+def layout(mpu: Any, size: int, model: Any) -> ParallelLayout:
+    """[Note: AutoTP in the engine]: the layout for `size` slices, or the mpu's (checked)."""
+    group = recorded(model).get("tp_group")
+    if mpu is None and group is not None and size > 1:
+        raise ValueError(
+            "deepspeed.tp_model_init(tp_group=...) without an mpu: pass the mpu whose "
+            "tensor-parallel group it is to deepspeed.initialize(mpu=...), or leave tp_group "
+            "out and let the config's autotp_size lay the ranks out"
+        )
+    if mpu is not None or size == 1:
+        lay = parallel_layout.layout_for(mpu)
+        if size > 1 and lay.tensor.size != size:
+            raise ValueError(
+                f"{_KEY} is {size} but the mpu's tensor-parallel group has {lay.tensor.size} "
+                "ranks; make them equal"
+            )
+        return lay
+    world = parallel_layout.world_layout().data.size
+    if world % size:
+        raise ValueError(
+            f"{_KEY} {size} does not divide the world size {world}: launch a multiple of "
+            f"{size} ranks, or pick a size that divides {world}"
+        )
+    topo = PipeModelDataParallelTopology(num_pp=1, num_mp=size, num_dp=world // size)
+    return layout_from_topology(topo, source=_KEY)
+
+
+def slice_for_engine(
+    module: torch.nn.Module, config: Any, size: int, tensor: AxisGroup
+) -> tp.Sliced | None:
+    """Slice the model's layers over the tensor group when AutoTP is asked for (size > 1);
+    None otherwise (a Megatron-style mpu's model comes sliced by its own code)."""
+    if size == 1:
+        return None
+    cfg = config.tensor_parallel
+    sliced = tp.slice_model(module, tensor, cfg.partition_config, cfg.preset_model)
+    _same_random_streams(tensor)
+    return sliced
+
+
+def _same_random_streams(tensor: AxisGroup) -> None:
+    """The tensor group's ranks draw the same random numbers from here on: a dropout after a
+    row-parallel sum acts on a replicated activation, and different masks on different
+    ranks would make the "replicated" weights drift apart silently (seeding each rank
+    differently is common in data-parallel scripts)."""
+    device = collective_device(tensor)
+    state = torch.get_rng_state().to(device)
+    group_broadcast(state, tensor)
+    torch.set_rng_state(state.cpu())
+
+
+def norm_axis(module: torch.nn.Module, lay: ParallelLayout) -> AxisGroup:
+    """The group the gradient norm's sum of squares runs over after the data group: the
+    pipeline stages, and the tensor slices too when the model has sliced weights (marked
+    `tensor_model_parallel`, ours or Megatron's). Decided together by the model group (one
+    all-reduce at start), so every rank of it runs the same collectives."""
+    if lay.tensor.size == 1:
+        return lay.pipe
+    marked = any(getattr(p, "tensor_model_parallel", False) for p in module.parameters())
+    flag = torch.tensor([float(marked)], device=collective_device(lay.model))
+    all_reduce(flag, op=ReduceOp.MAX, group=lay.model)
+    return lay.model if flag.item() else lay.pipe
+
+
+def replicated_grad_sq(
+    strategy: Any, params: list[torch.nn.Parameter], data: AxisGroup, device: torch.device
+) -> torch.Tensor:
+    """sum(g^2) over `params`' gradients, whole (summed over the data group when ZeRO holds
+    them in partitions). Collective over `data`: every data-parallel rank calls it."""
+    parts = []
+    for p in params:
+        found = strategy.fragment_owner(p, "grad")
+        if found is None or found[1] is None:
+            continue
+        frag, owner = found
+        lo, hi = frag.local_range()
+        parts.append(owner.reshape(-1)[lo:hi])
+    sq = sum_of_squares(parts, device)
+    return sum_tensor_over(sq, data) if strategy.partitioned_grads else sq

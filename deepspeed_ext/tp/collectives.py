@@ -1,0 +1,69 @@
+"""The tensor-parallel collectives, as autograd functions (Megatron's f and g).
+
+A column-parallel layer's input enters through `copy_to` (identity forward; backward sums the
+input gradient over the tensor group, since each rank's slice of the weight contributed a part
+of it). A row-parallel layer's partial output leaves through `reduce_from` (forward sums the
+partial products; backward passes the gradient on unchanged, each rank needing all of it).
+`gather_from` makes a column-parallel output whole (forward all-gather along the last dim;
+backward keeps this rank's part).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm import AxisGroup, all_gather, all_reduce
+
+
+class _CopyTo(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
+        ctx.axis = axis
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        grad = grad.contiguous().clone()  # the incoming grad may be shared; reduce a copy
+        all_reduce(grad, group=ctx.axis)
+        return grad, None
+
+
+class _ReduceFrom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
+        out = x.contiguous().clone()
+        all_reduce(out, group=axis)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return grad, None
+
+
+class _GatherFrom(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
+        ctx.axis = axis
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(axis.size)]
+        all_gather(parts, x, group=axis)
+        return torch.cat(parts, dim=-1)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        width = grad.shape[-1] // ctx.axis.size
+        return grad.narrow(-1, ctx.axis.rank * width, width).contiguous(), None
+
+
+def copy_to(x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
+    return _CopyTo.apply(x, axis) if axis.size > 1 else x
+
+
+def reduce_from(x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
+    return _ReduceFrom.apply(x, axis) if axis.size > 1 else x
+
+
+def gather_from(x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
+    return _GatherFrom.apply(x, axis) if axis.size > 1 else x

@@ -1,0 +1,120 @@
+"""Sliced linear layers under upstream's names: LinearLayer (column-parallel) and
+LinearAllreduce (row-parallel).
+
+Each takes the place of a torch Linear or a Hugging Face Conv1D (GPT-2's, weight stored
+[in, out]) and keeps that module's own Parameter objects, their values cut to this rank's
+slice ([Note: tensor slices]): an optimizer built on the model before deepspeed.initialize
+still points at them, and state_dict keys stay the model's. A sliced Parameter carries
+`ds_tensor_slice` (how to make it whole again, for exports) and Megatron's
+`tensor_model_parallel = True`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from deepspeed_ext.comm import AxisGroup
+
+from .collectives import copy_to, gather_from, reduce_from
+from .slicing import TensorSlice
+
+
+def is_conv1d(module: torch.nn.Module) -> bool:
+    """transformers.pytorch_utils.Conv1D (a linear layer with its weight transposed),
+    recognised without importing transformers."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def is_linear_like(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.Linear) or is_conv1d(module)
+
+
+def out_dim(module: torch.nn.Module) -> int:
+    """The weight dim holding the output features (0 for Linear, 1 for Conv1D)."""
+    return 1 if is_conv1d(module) else 0
+
+
+@torch.no_grad()
+def _cut(p: torch.nn.Parameter, spec: TensorSlice) -> None:
+    p.data = spec.local(p.data)
+    p.ds_tensor_slice = spec  # type: ignore[attr-defined]
+    p.tensor_model_parallel = True  # type: ignore[attr-defined]
+
+
+class _Sliced(torch.nn.Module):
+    weight: torch.nn.Parameter
+    bias: torch.nn.Parameter | None
+
+    def __init__(self, module: torch.nn.Module, axis: AxisGroup) -> None:
+        super().__init__()
+        weight, bias = module.weight, module.bias
+        assert isinstance(weight, torch.nn.Parameter)
+        assert bias is None or isinstance(bias, torch.nn.Parameter)
+        self.weight = weight
+        self.bias = bias
+        self.transposed = is_conv1d(module)
+        self.axis = axis
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.transposed:
+            out = torch.matmul(x, self.weight)
+            return out + bias if bias is not None else out
+        return F.linear(x, self.weight, bias)
+
+    @property
+    def in_features(self) -> int:
+        return int(self.weight.shape[0 if self.transposed else 1])
+
+    @property
+    def out_features(self) -> int:
+        return int(self.weight.shape[1 if self.transposed else 0])
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, tp_size={self.axis.size}"
+        )
+
+
+class LinearLayer(_Sliced):
+    """Column-parallel: the weight's output features are cut; the input is whole on every
+    rank and the output is this rank's slice (whole again with gather_output)."""
+
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        axis: AxisGroup,
+        weight_slice: TensorSlice,
+        bias_slice: TensorSlice | None,
+        gather_output: bool = False,
+    ) -> None:
+        super().__init__(module, axis)
+        _cut(self.weight, weight_slice)
+        if self.bias is not None and bias_slice is not None:
+            _cut(self.bias, bias_slice)
+        self.gather_output = gather_output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._matmul(copy_to(x, self.axis), self.bias)
+        return gather_from(out, self.axis) if self.gather_output else out
+
+
+class LinearAllreduce(_Sliced):
+    """Row-parallel: the weight's input features are cut; the input is this rank's slice
+    (a column-parallel layer's output), the partial products are summed over the tensor
+    group, then the bias (whole on every rank) is added once."""
+
+    def __init__(self, module: torch.nn.Module, axis: AxisGroup, weight_slice: TensorSlice) -> None:
+        super().__init__(module, axis)
+        _cut(self.weight, weight_slice)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = reduce_from(self._matmul(x, None), self.axis)
+        return out + self.bias if self.bias is not None else out
+
+
+def sliced_params(module: torch.nn.Module) -> list[Any]:
+    return [p for p in module.parameters() if hasattr(p, "ds_tensor_slice")]

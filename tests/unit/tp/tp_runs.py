@@ -1,0 +1,217 @@
+"""Rank functions for the AutoTP training tests: tiny Hugging Face models built from configs
+(random weights), trained sliced on real gloo ranks and compared with the same model trained
+whole in one process on the same global batch."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+STEPS = 3
+MICRO = 2
+SEQ = 8
+VOCAB = 64
+
+
+def llama(seed: int = 0, kv_heads: int = 2) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def gpt2(seed: int = 0) -> torch.nn.Module:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    cfg = GPT2Config(
+        vocab_size=VOCAB,
+        n_positions=32,
+        n_embd=32,
+        n_layer=2,
+        n_head=4,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+        attn_implementation="eager",
+    )
+    return GPT2LMHeadModel(cfg)
+
+
+MODELS = {"llama": llama, "gpt2": gpt2}
+
+
+def tokens(step: int, dp_rank: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(100 * step + dp_rank)
+    return torch.randint(0, VOCAB, (MICRO, SEQ), generator=g)
+
+
+def reference(
+    name: str, dp: int, clip: float, lr: float = 0.1, dtype: torch.dtype = torch.float32
+) -> tuple[list[float], list[float], dict[str, torch.Tensor]]:
+    """(losses, grad norms, final weights) of the whole model, one process, SGD, the global
+    batch of `dp` data-parallel ranks per step."""
+    model = MODELS[name]().to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    losses, norms = [], []
+    for step in range(STEPS):
+        ids = torch.cat([tokens(step, r) for r in range(dp)])
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), clip if clip else float("inf"))
+        norms.append(float(total))
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    return losses, norms, {k: v.detach().float().clone() for k, v in model.state_dict().items()}
+
+
+def full_weights(engine: Any) -> dict[str, torch.Tensor]:
+    """The engine's module state with every sliced weight made whole (all-gather over the
+    tensor group)."""
+    from deepspeed_ext import comm
+
+    tensor = engine.layout.tensor
+    out = {}
+    for name, p in engine.module.named_parameters():
+        spec = getattr(p, "ds_tensor_slice", None)
+        value = p.detach().float().contiguous()
+        if spec is not None:
+            parts = [torch.empty_like(value) for _ in range(tensor.size)]
+            comm.all_gather(parts, value, group=tensor)
+            value = spec.full(parts)
+        out[name] = value
+    return out
+
+
+def train(name: str, zero: int, tp: int, clip: float = 0.0, precision: str = "fp32") -> dict:
+    import deepspeed
+
+    world = int(os.environ["WORLD_SIZE"])
+    dp = world // tp
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_optimization": {"stage": zero},
+        "tensor_parallel": {"autotp_size": tp},
+        "gradient_clipping": clip,
+    }
+    if precision == "bf16":
+        config["bf16"] = {"enabled": True}
+    model = MODELS[name]()
+    full = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    local = {n: tuple(p.shape) for n, p in engine.module.named_parameters()}
+    losses, norms = [], []
+    for step in range(STEPS):
+        ids = tokens(step, engine.layout.data.rank)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+        norms.append(float(engine.get_global_grad_norm()))
+    from deepspeed_ext import comm
+
+    mean_losses = []
+    for value in losses:  # each data-parallel rank saw its own micro-batch
+        t = torch.tensor(
+            [value], dtype=torch.float64, device=comm.collective_device(engine.layout.data)
+        )
+        comm.all_reduce(t, group=engine.layout.data)
+        mean_losses.append(float(t) / dp)
+    weights = full_weights(engine)
+    ref_losses, ref_norms, ref_weights = reference(
+        name, dp, clip, dtype=torch.bfloat16 if precision == "bf16" else torch.float32
+    )
+    errs = {k: float((weights[k] - ref_weights[k]).abs().max()) for k in weights}
+    sliced = sorted(n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice"))
+    engine.destroy()
+    return {
+        "losses": mean_losses,
+        "ref_losses": ref_losses,
+        "norms": norms,
+        "ref_norms": ref_norms,
+        "max_weight_err": max(errs.values()),
+        "worst": max(errs, key=lambda k: errs[k]),
+        "full_shapes": full,
+        "local_shapes": local,
+        "sliced": sliced,
+        "tensor_rank": engine.layout.tensor.rank,
+        "data_rank": engine.layout.data.rank,
+    }
+
+
+def scenarios(cases: list[tuple]) -> list[dict]:
+    """Several trainings in one spawned job (the process group is shared)."""
+    return [train(*case) for case in cases]
+
+
+def expect_error(name: str, tp: int, kv_heads: int = 2) -> str:
+    import deepspeed
+
+    model = llama(kv_heads=kv_heads) if name == "llama" else MODELS[name]()
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "tensor_parallel": {"autotp_size": tp},
+    }
+    try:
+        deepspeed.initialize(model=model, config=config)
+    except (ValueError, RuntimeError) as e:
+        return str(e)
+    return "no error"
+
+
+def expect_error_cases() -> list[str]:
+    return [expect_error("llama", 2, kv_heads=1), expect_error("llama", 4)]
+
+
+def replicas_stay_identical() -> float:
+    """Ranks seeded differently (as data-parallel scripts often do), dropout on: after a few
+    steps every replicated weight is still bitwise the same across the tensor group. Returns
+    the largest difference."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import deepspeed
+    from deepspeed_ext import comm
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
+                     resid_pdrop=0.3, embd_pdrop=0.3, attn_pdrop=0.3)  # fmt: skip
+    model = GPT2LMHeadModel(cfg)
+    torch.manual_seed(1234 + int(os.environ["RANK"]))
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "tensor_parallel": {"autotp_size": 2},
+    }
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    for step in range(STEPS):
+        ids = tokens(step, 0)
+        engine.backward(engine(input_ids=ids, labels=ids).loss)
+        engine.step()
+    worst = 0.0
+    tensor = engine.layout.tensor
+    for p in engine.module.parameters():
+        if getattr(p, "tensor_model_parallel", False):
+            continue
+        mine = p.detach().clone()
+        theirs = mine.clone()
+        comm.group_broadcast(theirs, tensor)
+        worst = max(worst, float((mine - theirs).abs().max()))
+    engine.destroy()
+    return worst
