@@ -413,10 +413,24 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         return {}
 
     def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
-        """The model-states file to load, as the strategy reads it."""
-        return ckpt.load_state_file(path)
+        """The model-states file to load, as the strategy reads it; from a checkpoint saved
+        at another tensor-parallel size, this rank's cut of it ([Note: AutoTP checkpoints])."""
+        self._ckpt_first: dict[str, Any] | None = None
+        if self.layout.tensor.size > 1 and not path.exists():
+            path = ckpt_dir / ckpt.model_states_name(0)  # saved with fewer slices
+        state = ckpt.load_state_file(path)
+        if ckpt.tensor_slices.saved_size(state) == self.layout.tensor.size:
+            return state
+        first = state if path.name == ckpt.model_states_name(0) else None
+        first = first or ckpt.load_state_file(ckpt_dir / ckpt.model_states_name(0))
+        self._ckpt_first = first
+        return ckpt.tensor_slices.state_for_load(self, ckpt_dir, first)
 
     def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
+        first = getattr(self, "_ckpt_first", None)
+        if first is not None:
+            ckpt.tensor_slices.load_optimizer(self, files.where, first, ckpt.RankFileReader)
+            return
         self.strategy.load_optimizer_state(self.optimizer, state, files)
 
     def save_16bit_model(

@@ -1,5 +1,7 @@
+from . import tensor_slices
 from .clone import clone_tensors_for_torch_save
 from .engine_io import RankFileReader, load_checkpoint, save_checkpoint
+from .layout import model_states_name
 from .safe_load import CheckpointError
 from .safe_load import load as load_state_file
 from .weights16 import consolidated_state_dict, save_16bit_model
@@ -11,6 +13,8 @@ __all__ = [
     "consolidated_state_dict",
     "load_state_file",
     "load_checkpoint",
+    "model_states_name",
     "save_16bit_model",
     "save_checkpoint",
+    "tensor_slices",
 ]

@@ -19,7 +19,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.version import __version__
 
-from . import atomic, layout, safe_load
+from . import atomic, layout, safe_load, tensor_slices
 from .tag_check import validate_tag
 
 # Keys the engine owns; everything else in the file is the client's.
@@ -45,6 +45,7 @@ ENGINE_KEYS = frozenset(
         "zero_layouts",
         "zero3_params",
         "pipeline",
+        "tensor_parallel",
     }
 )
 
@@ -112,6 +113,8 @@ def save_checkpoint(
         }
         # a pipeline writes its layers to their own files (upstream's layout) and says so
         state.update(engine._checkpoint_extras(tmp, exclude_frozen_parameters))
+        if getattr(engine, "autotp", None) is not None:  # [Note: tensor-slice table]
+            state["tensor_parallel"] = tensor_slices.saved_info(engine)
         torch.save(state, tmp / layout.model_states_name(mp_rank))
     comm.barrier()
     if comm.get_rank() == 0:

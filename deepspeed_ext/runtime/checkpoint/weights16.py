@@ -6,8 +6,10 @@ Stages 0-2 keep every parameter whole on every rank, so the module's own state_d
 model. A strategy that partitions parameters (stage 3) provides
 `gathered_state_dict(exclude_frozen: bool) -> dict | None`: a collective every rank enters,
 returning the full state dict on rank 0 and None elsewhere; when the engine's strategy has it,
-it is used instead. Either way rank 0 gets cloned tensors (a view into a flat ZeRO buffer would
-otherwise drag the whole buffer into the file) and the other ranks None, as upstream.
+it is used instead. Under tensor slicing the sliced weights are made whole first
+([Note: tensor-slice table]). Either way rank 0 gets cloned tensors (a view into a flat ZeRO
+buffer would otherwise drag the whole buffer into the file) and the other ranks None, as
+upstream.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext import comm
+from deepspeed_ext import comm, tp
 from deepspeed_ext.utils.logging import logger
 
 from .clone import clone_tensors_for_torch_save
@@ -31,9 +33,13 @@ def consolidated_state_dict(
     gather = getattr(engine.strategy, "gathered_state_dict", None)
     if gather is not None:
         return gather(exclude_frozen_parameters)
+    sliced = getattr(engine, "autotp", None) is not None
+    # tensor slicing: every rank of a tensor group sends its slices (whole weights, as a
+    # plain model loads them); rank 0's group is the one that keeps them
+    sd = tp.full_state_dict(engine.module, engine.layout.tensor) if sliced else None
     if comm.get_rank() != 0:
         return None
-    sd = engine.module.state_dict()
+    sd = sd if sd is not None else engine.module.state_dict()
     if exclude_frozen_parameters:
         frozen = {n for n, p in engine.module.named_parameters() if not p.requires_grad}
         sd = {k: v for k, v in sd.items() if k not in frozen}

@@ -26,6 +26,7 @@ from deepspeed_ext.zero.layout import GroupLayout
 
 from . import atomic, layout
 from .safe_load import CheckpointError
+from .tensor_slices import saved_size, whole_value
 
 
 def _ckpt_dir(checkpoint_dir: str | Path, tag: str | None) -> Path:
@@ -83,6 +84,9 @@ def iter_fp32_params(
         return
     if states.get("pipeline"):
         yield from _iter_pipeline(d, exclude_frozen_parameters)
+        return
+    if saved_size(states) > 1:
+        yield from _iter_tensor_parallel(d, states, exclude_frozen_parameters)
         return
     module: dict[str, torch.Tensor] = states["module"]
     layouts = [GroupLayout.from_dict(x) for x in (states.get("zero_layouts") or [])]
@@ -172,6 +176,36 @@ def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.T
                 value = masters.get(name)
                 value = t if value is None else value.reshape(t.shape)
                 yield name, value.float().clone() if value.is_floating_point() else value.clone()
+
+
+def _iter_tensor_parallel(
+    d: Path, first: Any, exclude_frozen: bool
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Tensor-sliced ([Note: AutoTP checkpoints]): each model-parallel rank's fp32 masters
+    (its ZeRO files, or a 16-bit stage-0 model's master_weights, or the fp32 weights
+    themselves), sliced parameters made whole from the saved slice table."""
+    from deepspeed_ext.zero.named_state import from_zero
+
+    from .engine_io import RankFileReader
+
+    size = saved_size(first)
+    states = [first] + [_load_mmap(d / layout.model_states_name(k)) for k in range(1, size)]
+    if int(first.get("zero_stage") or 0) > 0:
+        masters = [from_zero(RankFileReader(d, k, _load_mmap)).masters for k in range(size)]
+    else:
+        masters = [s.get("master_weights") or {} for s in states]
+    table = dict(first["tensor_parallel"]["slices"])
+    frozen = set(first.get("frozen_param_names") or [])
+    for name in first["module"]:
+        if exclude_frozen and name in frozen:
+            continue
+        values = []
+        for k, s in enumerate(states):
+            saved = s["module"][name]
+            master = masters[k].get(name)
+            values.append(saved if master is None else master.reshape(saved.shape))
+        value = whole_value(name, values, table)
+        yield name, value.float().clone() if value.is_floating_point() else value.clone()
 
 
 def get_fp32_state_dict_from_zero_checkpoint(

@@ -215,3 +215,74 @@ def replicas_stay_identical() -> float:
         worst = max(worst, float((mine - theirs).abs().max()))
     engine.destroy()
     return worst
+
+
+def _ckpt_engine(zero: int, tp: int) -> Any:
+    import deepspeed
+
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": zero},
+        "tensor_parallel": {"autotp_size": tp},
+    }
+    engine, *_ = deepspeed.initialize(model=llama(), config=config)
+    return engine
+
+
+def _steps(engine: Any, start: int, stop: int) -> list[float]:
+    out = []
+    for step in range(start, stop):
+        ids = tokens(step, engine.layout.data.rank)
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        out.append(float(loss.detach()))
+    return out
+
+
+def ckpt_save(save_dir: str, zero: int, tp: int) -> dict:
+    """Train 2 steps, save a checkpoint and a 16-bit export, train 2 more (the uninterrupted
+    reference for a resume); the export loaded into the plain model gives the same logits."""
+    from pathlib import Path
+
+    engine = _ckpt_engine(zero, tp)
+    _steps(engine, 0, 2)
+    engine.save_checkpoint(save_dir, tag="t")
+    engine.save_16bit_model(save_dir, "export.bin")
+    ids = tokens(9, 0)
+    with torch.no_grad():
+        logits = engine(input_ids=ids).logits.float()
+    export_err = None
+    if int(os.environ["RANK"]) == 0:
+        plain = llama(seed=1)
+        state = torch.load(Path(save_dir) / "export.bin", weights_only=True)
+        plain.load_state_dict(state)
+        with torch.no_grad():
+            export_err = float((plain(input_ids=ids).logits - logits).abs().max())
+    after = _steps(engine, 2, 4)
+    engine.destroy()
+    return {"after": after, "export_err": export_err}
+
+
+def ckpt_resume(save_dir: str, zero: int, tp: int) -> list[float]:
+    engine = _ckpt_engine(zero, tp)
+    engine.load_checkpoint(save_dir, tag="t")
+    out = _steps(engine, 2, 4)
+    engine.destroy()
+    return out
+
+
+def fp32_export_logits(save_dir: str) -> float:
+    """zero_to_fp32 of a sliced checkpoint loaded into the plain model: its logits against
+    the 16-bit export's (fp32 training: the same weights)."""
+    from pathlib import Path
+
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    ids = tokens(9, 0)
+    a, b = llama(seed=1), llama(seed=2)
+    a.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(save_dir, tag="t"))
+    b.load_state_dict(torch.load(Path(save_dir) / "export.bin", weights_only=True))
+    with torch.no_grad():
+        return float((a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max())

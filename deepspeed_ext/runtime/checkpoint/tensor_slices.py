@@ -1,0 +1,115 @@
+"""Checkpoints under tensor slicing: resumable at another tensor-parallel size.
+
+[Note: AutoTP checkpoints]
+Each tensor-parallel rank's data-parallel rank 0 writes `mp_rank_XX_model_states.pt` (its
+slices) and the ZeRO rank files of its data group, as any model-parallel rank does; the
+model-states file adds `tensor_parallel`: the size, the slice table ([Note: tensor-slice
+table]) and the names of each optimizer group's params. Loading at the same size reads this
+rank's files. At another size (including 1 to N and N to 1) every saved rank's weights and
+optimizer state are read by parameter name ([Note: named optimizer state]), sliced ones made
+whole from the saved table, and cut again for this rank by the current layers' slices.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepspeed_ext import tp
+from deepspeed_ext.utils.errors import CheckpointError
+from deepspeed_ext.zero.named_state import NamedState, from_stage0, from_zero, is_per_element
+
+from .layout import model_states_name
+from .safe_load import load as load_state_file
+
+
+def saved_info(engine: Any) -> dict[str, Any]:
+    names = getattr(engine.strategy, "param_names", None)
+    return {
+        "size": engine.layout.tensor.size,
+        "slices": tp.slice_table(engine.module),
+        "param_names": names() if names is not None else None,
+    }
+
+
+def saved_size(state: dict[str, Any]) -> int:
+    return int((state.get("tensor_parallel") or {}).get("size", 1))
+
+
+def _table(state: dict[str, Any]) -> dict[str, list[Any]]:
+    return dict((state.get("tensor_parallel") or {}).get("slices") or {})
+
+
+def whole_value(name: str, values: list[torch.Tensor], table: dict[str, list[Any]]) -> torch.Tensor:
+    """One parameter's value (any shape) from every saved rank's: whole again when sliced."""
+    if name not in table:
+        return values[0]
+    spec = tp.spec_from_table(table[name])
+    return spec.full([v.reshape(spec.local_shape) for v in values])
+
+
+def _mine(name: str, whole: torch.Tensor, module_params: dict[str, Any]) -> torch.Tensor:
+    """This rank's cut of a whole value, by the current layer's slice (flat in, flat out
+    when the input was flat)."""
+    p = module_params.get(name)
+    spec = getattr(p, "ds_tensor_slice", None)
+    if spec is None:
+        return whole
+    local = spec.local(whole.reshape(spec.full_shape))
+    return local.reshape(-1) if whole.dim() == 1 else local
+
+
+def _saved_states(ckpt_dir: Path, first: dict[str, Any]) -> list[dict[str, Any]]:
+    return [first] + [
+        load_state_file(ckpt_dir / model_states_name(k)) for k in range(1, saved_size(first))
+    ]
+
+
+def state_for_load(engine: Any, ckpt_dir: Path, first: dict[str, Any]) -> dict[str, Any]:
+    """The model-states dict for this rank from a checkpoint saved at another tensor-parallel
+    size (`first`: the saved mp_rank_00 file): its module made whole and cut for this rank."""
+    table = _table(first)
+    saved = _saved_states(ckpt_dir, first)
+    params = dict(engine.module.named_parameters())
+    module = {}
+    for name in first["module"]:
+        whole = whole_value(name, [s["module"][name] for s in saved], table)
+        module[name] = _mine(name, whole, params).clone()
+    return {**first, "module": module}
+
+
+def load_optimizer(engine: Any, ckpt_dir: Path, first: dict[str, Any], reader: Any) -> None:
+    """Optimizer state and masters by name from every saved rank, re-cut for this one.
+    reader(dir, mp_rank): the ZeRO rank files of a saved model-parallel rank."""
+    stage = engine.zero_optimization_stage()
+    table = _table(first)
+    per_rank = []
+    for k, state in enumerate(_saved_states(ckpt_dir, first)):
+        if int(state.get("zero_stage") or 0) != stage:
+            raise CheckpointError(
+                f"{ckpt_dir} was written with zero_optimization.stage {state.get('zero_stage')} "
+                f"and this run uses {stage}: resume with the same stage, or pass "
+                "load_optimizer_states=False"
+            )
+        if stage == 0:
+            names = (state.get("tensor_parallel") or {}).get("param_names")
+            names = names or engine.strategy.param_names()
+            per_rank.append(from_stage0(state, names, state["module"]))
+        else:
+            per_rank.append(from_zero(reader(ckpt_dir, k)))
+    params = dict(engine.module.named_parameters())
+    out = NamedState()
+    for name, master in per_rank[0].masters.items():
+        whole = whole_value(name, [n.masters[name] for n in per_rank], table)
+        out.masters[name] = _mine(name, whole.reshape(-1), params)
+        numel = master.numel()
+        out.state[name] = {}
+        for key, value in per_rank[0].state.get(name, {}).items():
+            if is_per_element(key, value, numel):
+                whole = whole_value(name, [n.state[name][key] for n in per_rank], table)
+                value = _mine(name, whole.reshape(-1), params)
+            out.state[name][key] = value
+        out.options[name] = per_rank[0].options.get(name, {})
+    engine.strategy.load_named_state(engine.optimizer, out, ckpt_dir)
