@@ -260,8 +260,24 @@ def main() -> int:
         json_out.write(RESULT_TAG + json.dumps(out) + "\n")
         json_out.flush()
     if args.impl == "ddp":
-        dist.destroy_process_group()
+        del ddp, opt, step  # dropped before the group (destroy_group)
+        destroy_group()
     return 0
+
+
+def destroy_group() -> None:
+    """destroy_process_group once the caller has dropped its torch DDP wrapper. The DDP
+    Reducer holds the gloo group; freed after the destroy (at interpreter exit) its dealloc
+    runs the group's destructor holding the GIL while a gloo thread waits for the GIL to free
+    a finished work: a deadlock in the peer, seen in the suite (py-spy: ~Reducer ->
+    ~ProcessGroupGloo -> thread::join). Collected while the group is registered, the
+    Reducer only drops a reference, and the destroy below joins the threads."""
+    import gc
+
+    import torch.distributed as dist
+
+    gc.collect()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

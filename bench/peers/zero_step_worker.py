@@ -274,7 +274,10 @@ def main() -> int:
         }
         json_out.write(RESULT_TAG + json.dumps(out) + "\n")
         json_out.flush()
-    if args.impl in ("zero_redundancy", "fsdp2") or args.destroy:
+    if args.impl in ("zero_redundancy", "fsdp2"):
+        del wrapped, opt, step, model  # dropped before the group (ddw.destroy_group)
+        ddw.destroy_group()
+    elif args.destroy:
         dist.destroy_process_group()
     return 0
 
