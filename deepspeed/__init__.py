@@ -7,6 +7,7 @@ from deepspeed_ext.comm import init_distributed
 from deepspeed_ext.runtime.ds_config import DeepSpeedConfig
 from deepspeed_ext.runtime.engine import DeepSpeedEngine
 from deepspeed_ext.runtime.initialize import add_config_arguments, initialize
+from deepspeed_ext.runtime.tensor_parallel import set_autotp_mode, tp_model_init
 from deepspeed_ext.version import __version__, __version_api__
 
 from . import comm, ops, zero  # transformers calls deepspeed.zero.Init after `import deepspeed`
@@ -34,5 +35,7 @@ __all__ = [
     "zero",
     "init_distributed",
     "initialize",
+    "set_autotp_mode",
+    "tp_model_init",
     "version",
 ]

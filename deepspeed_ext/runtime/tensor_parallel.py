@@ -36,32 +36,64 @@ from deepspeed_ext.zero.norms import sum_of_squares
 _KEY = "tensor_parallel.autotp_size"
 
 
+_MODE = {"training": False}
+
+
+def set_autotp_mode(training: bool = False) -> None:
+    """Upstream's `deepspeed.module_inject.set_autotp_mode`: training AutoTP is what runs
+    here, applied by deepspeed.initialize from the config or tp_model_init, so the mode is
+    recorded for `autotp_training_mode()` and changes nothing else."""
+    _MODE["training"] = bool(training)
+
+
+def autotp_training_mode() -> bool:
+    return _MODE["training"]
+
+
+def tp_model_init(
+    model: torch.nn.Module, tp_size: int, dtype: Any = None, tp_group: Any = None
+) -> torch.nn.Module:
+    """Upstream's `deepspeed.tp_model_init`: records the tensor-parallel size (and dtype,
+    group) on the model for deepspeed.initialize, which does the slicing; returns the model.
+    With a config that also sets tensor_parallel.autotp_size the two must agree."""
+    if not isinstance(tp_size, int) or tp_size < 1:
+        raise ValueError(f"tp_model_init: tp_size must be a positive integer, got {tp_size!r}")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise ValueError(f"tp_model_init: dtype must be a torch.dtype, got {dtype!r}")
+    info = {"tp_size": tp_size, "dtype": dtype, "tp_group": tp_group}
+    object.__setattr__(model, "ds_autotp_init", info)  # a plain attribute, not a submodule
+    return model
+
+
 def recorded(model: Any) -> dict[str, Any]:
     """What deepspeed.tp_model_init recorded on the model (empty when it was not called)."""
     return dict(getattr(model, "ds_autotp_init", None) or {})
 
 
 def tp_size(config: Any, model: Any) -> int:
-    """The tensor-parallel size: the config's, else tp_model_init's; the two must agree."""
+    """The tensor-parallel size: the config's, else tp_model_init's; the two must agree, and
+    tp_model_init's dtype must be the one the config trains in."""
     size = max(int(config.tensor_parallel.autotp_size), 1)
-    rec = recorded(model).get("tp_size")
-    if rec is not None and size > 1 and int(rec) != size:
+    rec = recorded(model)
+    if rec.get("tp_size") is None:
+        return size
+    if size > 1 and rec["tp_size"] != size:
         raise ValueError(
-            f"{_KEY} is {size} but deepspeed.tp_model_init(tp_size={rec}) was called on the "
-            "model; make them equal or drop one"
+            f"{_KEY} is {size} but deepspeed.tp_model_init(tp_size={rec['tp_size']}) was "
+            "called on the model; make them equal or drop one"
         )
-    return size if size > 1 or rec is None else max(int(rec), 1)
+    want = torch.float16 if config.fp16.enabled else torch.bfloat16 if config.bf16.enabled else None
+    dtype = rec.get("dtype")
+    if dtype is not None and dtype != (want or torch.float32):
+        raise ValueError(
+            f"deepspeed.tp_model_init(dtype={dtype}) but the config trains in "
+            f"{want or torch.float32} (fp16 / bf16 sections): make them agree"
+        )
+    return max(size, rec["tp_size"])
 
 
 def layout(mpu: Any, size: int, model: Any) -> ParallelLayout:
     """[Note: AutoTP in the engine]: the layout for `size` slices, or the mpu's (checked)."""
-    group = recorded(model).get("tp_group")
-    if mpu is None and group is not None and size > 1:
-        raise ValueError(
-            "deepspeed.tp_model_init(tp_group=...) without an mpu: pass the mpu whose "
-            "tensor-parallel group it is to deepspeed.initialize(mpu=...), or leave tp_group "
-            "out and let the config's autotp_size lay the ranks out"
-        )
     if mpu is not None or size == 1:
         lay = parallel_layout.layout_for(mpu)
         if size > 1 and lay.tensor.size != size:
@@ -77,7 +109,16 @@ def layout(mpu: Any, size: int, model: Any) -> ParallelLayout:
             f"{size} ranks, or pick a size that divides {world}"
         )
     topo = PipeModelDataParallelTopology(num_pp=1, num_mp=size, num_dp=world // size)
-    return layout_from_topology(topo, source=_KEY)
+    lay = layout_from_topology(topo, source=_KEY)
+    group = recorded(model).get("tp_group")
+    if group is not None and parallel_layout.axis_of(group).ranks != lay.tensor.ranks:
+        raise ValueError(
+            f"deepspeed.tp_model_init(tp_group=...) holds ranks "
+            f"{list(parallel_layout.axis_of(group).ranks)}, but AutoTP lays tensor-parallel "
+            f"ranks out consecutively ({list(lay.tensor.ranks)} for this rank): pass the "
+            "matching group, or an mpu with your layout to deepspeed.initialize(mpu=...)"
+        )
+    return lay
 
 
 def slice_for_engine(

@@ -134,3 +134,21 @@ def test_what_autotp_does_not_do_is_refused_by_name(extra: dict, key: str) -> No
 def test_matching_dtype_and_tp_size_are_accepted() -> None:
     tp = {"autotp_size": 2, "dtype": "bf16", "tp": {"tp_size": 2}}
     parse(_cfg(tensor_parallel=tp, bf16={"enabled": True}))
+
+
+def test_tp_model_init_records_and_must_agree_with_the_config() -> None:
+    import deepspeed
+    from deepspeed_ext.runtime import tensor_parallel
+
+    model = deepspeed.tp_model_init(torch.nn.Linear(2, 2), tp_size=2, dtype=torch.float32)
+    assert tensor_parallel.tp_size(parse(_cfg()), model) == 2  # from tp_model_init alone
+    both = parse(_cfg(tensor_parallel={"autotp_size": 4}))
+    with pytest.raises(
+        ValueError, match=r"autotp_size is 4 but deepspeed.tp_model_init\(tp_size=2"
+    ):
+        tensor_parallel.tp_size(both, model)
+    bf16 = parse(_cfg(bf16={"enabled": True}))
+    with pytest.raises(ValueError, match="dtype=torch.float32.*trains in torch.bfloat16"):
+        tensor_parallel.tp_size(bf16, model)
+    with pytest.raises(ValueError, match="tp_size must be a positive integer"):
+        deepspeed.tp_model_init(torch.nn.Linear(2, 2), tp_size=0, dtype=None)

@@ -18,10 +18,17 @@ LOSS_TOL = 1e-5
 WEIGHT_TOL = 1e-5
 
 
-def _check(result: dict, tp: int) -> None:
-    assert result["losses"] == pytest.approx(result["ref_losses"], rel=LOSS_TOL)
-    assert result["norms"] == pytest.approx(result["ref_norms"], rel=1e-5)
-    assert result["max_weight_err"] < WEIGHT_TOL, result["worst"]
+def _check(result: dict, tp: int, loose: bool = False) -> None:
+    """loose: bf16 (the engine keeps fp32 masters, the reference steps in bf16, and sliced
+    matmuls round differently): the first loss tight, later ones and the norms to 2%."""
+    if loose:
+        assert result["losses"][0] == pytest.approx(result["ref_losses"][0], rel=1e-2)
+        assert result["losses"] == pytest.approx(result["ref_losses"], rel=2e-2)
+        assert result["norms"] == pytest.approx(result["ref_norms"], rel=2e-2)
+    else:
+        assert result["losses"] == pytest.approx(result["ref_losses"], rel=LOSS_TOL)
+        assert result["norms"] == pytest.approx(result["ref_norms"], rel=1e-5)
+        assert result["max_weight_err"] < WEIGHT_TOL, result["worst"]
     assert result["sliced"], "nothing was sliced"
     for name in result["sliced"]:
         full, local = result["full_shapes"][name], result["local_shapes"][name]
@@ -37,14 +44,19 @@ def two_ranks() -> list[list[dict]]:
         ("llama", 1, 2),
         ("llama", 2, 2, 0.5),  # gradient clipping active: the norm must count weights once
         ("gpt2", 1, 2),
+        ("llama", 1, 2, 0.0, "fp32", True),  # tp_model_init + set_autotp_mode, no config key
+        ("gpt2", 2, 2, 1.0, "bf16"),
     ]
     return run_ranks(tp_runs.scenarios, 2, cases, timeout=400)
 
 
-@pytest.mark.parametrize("case", range(4), ids=["llama-z0", "llama-z1", "llama-z2-clip", "gpt2-z1"])
+CASES = ["llama-z0", "llama-z1", "llama-z2-clip", "gpt2-z1", "llama-tp_model_init", "gpt2-z2-bf16"]
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
 def test_tp2_matches_the_whole_model(two_ranks: list[list[dict]], case: int) -> None:
     for rank_results in two_ranks:
-        _check(rank_results[case], tp=2)
+        _check(rank_results[case], tp=2, loose=CASES[case].endswith("bf16"))
 
 
 def test_llama_slices_follow_the_models_plan(two_ranks: list[list[dict]]) -> None:

@@ -97,7 +97,16 @@ def full_weights(engine: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def train(name: str, zero: int, tp: int, clip: float = 0.0, precision: str = "fp32") -> dict:
+def train(
+    name: str,
+    zero: int,
+    tp: int,
+    clip: float = 0.0,
+    precision: str = "fp32",
+    via_init: bool = False,
+) -> dict:
+    """via_init: no tensor_parallel in the config; upstream's older calls instead
+    (set_autotp_mode(training=True) and deepspeed.tp_model_init)."""
     import deepspeed
 
     world = int(os.environ["WORLD_SIZE"])
@@ -113,13 +122,18 @@ def train(name: str, zero: int, tp: int, clip: float = 0.0, precision: str = "fp
     if precision == "bf16":
         config["bf16"] = {"enabled": True}
     model = MODELS[name]()
+    if via_init:
+        del config["tensor_parallel"]
+        deepspeed.set_autotp_mode(training=True)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        model = deepspeed.tp_model_init(model, tp_size=tp, dtype=dtype)
     full = {n: tuple(p.shape) for n, p in model.named_parameters()}
     engine, *_ = deepspeed.initialize(model=model, config=config)
     local = {n: tuple(p.shape) for n, p in engine.module.named_parameters()}
     losses, norms = [], []
     for step in range(STEPS):
         ids = tokens(step, engine.layout.data.rank)
-        loss = engine(input_ids=ids, labels=ids).loss
+        loss = engine(input_ids=ids, labels=ids).loss.float()
         engine.backward(loss)
         engine.step()
         losses.append(float(loss.detach()))
