@@ -3,6 +3,7 @@
     python examples/hf_trainer.py                           # ZeRO 2 on 2 CPU ranks (or the GPUs)
     python examples/hf_trainer.py --zero-stage 3 --offload  # ZeRO 3, states and params on CPU
     python examples/hf_trainer.py --no-deepspeed            # the same run in one plain process
+    python examples/hf_trainer.py --autotp 2                # tensor slicing (AutoTP) over 2 ranks
 
 The model is GPT-2 built from a config (random weights, no download); the data are 64-character
 windows of the generated corpus of train_tiny_gpt.py, as ASCII codes. The DeepSpeed config is
@@ -53,6 +54,9 @@ def ds_config(args: argparse.Namespace) -> dict:
     if args.ds_optimizer:  # else the Trainer's own AdamW (with its weight-decay groups)
         auto = {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}
         cfg["optimizer"] = {"type": "AdamW", "params": auto}
+    if args.autotp > 1:  # AutoTP: the Trainer reads it too (data per data-parallel rank)
+        cfg["tensor_parallel"] = {"autotp_size": args.autotp}
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # accelerate asks it of TP
     if args.ds_scheduler:  # else the Trainer's linear schedule
         keys = ("warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "total_num_steps")
         params = {k: "auto" for k in keys} | {"warmup_type": "linear"}
@@ -103,6 +107,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ds-optimizer", action="store_true", help="AdamW from the DeepSpeed config")
     ap.add_argument("--ds-scheduler", action="store_true", help="WarmupDecayLR from the config")
     ap.add_argument("--no-deepspeed", action="store_true", help="one plain process, no DeepSpeed")
+    ap.add_argument("--autotp", type=int, default=1, help="tensor-parallel size (AutoTP)")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--save-steps", type=int, default=0, help="checkpoint every N (0: at the end)")
     ap.add_argument("--global-batch", type=int, default=16)
@@ -123,9 +128,10 @@ def main() -> None:
     from transformers import Trainer, TrainingArguments
 
     world = int(os.environ.get("WORLD_SIZE", "1")) if use_ds else 1
-    per_device, rest = divmod(args.global_batch, world * args.grad_accum)
+    dp = world // args.autotp if use_ds else 1  # tensor-parallel ranks share their batch
+    per_device, rest = divmod(args.global_batch, dp * args.grad_accum)
     if rest or not per_device:
-        sys.exit(f"--global-batch {args.global_batch} must split over {world} rank(s) x accum")
+        sys.exit(f"--global-batch {args.global_batch} must split over {dp} replica(s) x accum")
     cpu_only = not torch.cuda.is_available()
     extra: dict = {"use_cpu": cpu_only}  # plain: the GPU where there is one
     if use_ds:

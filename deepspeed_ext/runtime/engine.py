@@ -66,10 +66,10 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         self.config = config
         source = (
             "the torch.distributed world size"
-            if mpu is None
+            if mpu is None and autotp_size == 1
             else f"the data-parallel size ({self.layout.describe()})"
         )
-        sizes = config.resolve_batch(self.dp_world_size, source)
+        sizes = tensor_parallel.resolve_batch(config, self.layout, autotp_size, source)
         self._train_batch_size = sizes.train_batch_size
         self._micro_batch_size = sizes.micro
         self._gas = sizes.gas
@@ -446,6 +446,12 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     ) -> dict[str, torch.Tensor] | None:
         """The full weights on rank 0 (None elsewhere); every rank must call it. Also at
         stages 0-2, where upstream refuses: the HF Trainer and Accelerate save through it."""
+        return ckpt.consolidated_state_dict(self, exclude_frozen_parameters)
+
+    def _consolidated_16bit_state_dict(
+        self, exclude_frozen_parameters: bool = False
+    ) -> dict[str, torch.Tensor] | None:
+        """Upstream's newer name, which Accelerate calls under tensor slicing."""
         return ckpt.consolidated_state_dict(self, exclude_frozen_parameters)
 
     def destroy(self) -> None:

@@ -31,6 +31,9 @@ from deepspeed_ext.comm import (
 )
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
+from deepspeed_ext.config import ConfigError
+from deepspeed_ext.config.batch import BatchSizes
+from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.norms import sum_of_squares
 
 _KEY = "tensor_parallel.autotp_size"
@@ -51,15 +54,29 @@ def autotp_training_mode() -> bool:
 
 
 def tp_model_init(
-    model: torch.nn.Module, tp_size: int, dtype: Any = None, tp_group: Any = None
+    model: torch.nn.Module,
+    tp_size: int,
+    dtype: Any = None,
+    config: Any = None,
+    tp_group: Any = None,
 ) -> torch.nn.Module:
     """Upstream's `deepspeed.tp_model_init`: records the tensor-parallel size (and dtype,
     group) on the model for deepspeed.initialize, which does the slicing; returns the model.
-    With a config that also sets tensor_parallel.autotp_size the two must agree."""
+    `config` (a DeepSpeed config dict or path, as the Hugging Face integration passes it) is
+    only checked: its tensor_parallel.autotp_size, when set, must be tp_size."""
     if not isinstance(tp_size, int) or tp_size < 1:
         raise ValueError(f"tp_model_init: tp_size must be a positive integer, got {tp_size!r}")
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise ValueError(f"tp_model_init: dtype must be a torch.dtype, got {dtype!r}")
+    if config is not None:
+        from deepspeed_ext.config import parse
+
+        given = parse(config).tensor_parallel.autotp_size
+        if given > 1 and given != tp_size:
+            raise ValueError(
+                f"tp_model_init(tp_size={tp_size}) but the config's {_KEY} is {given}: "
+                "make them equal"
+            )
     info = {"tp_size": tp_size, "dtype": dtype, "tp_group": tp_group}
     object.__setattr__(model, "ds_autotp_init", info)  # a plain attribute, not a submodule
     return model
@@ -119,6 +136,35 @@ def layout(mpu: Any, size: int, model: Any) -> ParallelLayout:
             "matching group, or an mpu with your layout to deepspeed.initialize(mpu=...)"
         )
     return lay
+
+
+def resolve_batch(config: Any, lay: ParallelLayout, size: int, source: str) -> Any:
+    """The batch triad over the data-parallel ranks. Under AutoTP, upstream counts every rank
+    in train_batch_size (each tensor-parallel rank's copy of a micro-batch too), and the
+    Hugging Face Trainer fills it so; such a triad is taken for its micro-batch and
+    accumulation, and train_batch_size becomes the data-parallel batch (said once)."""
+    try:
+        return config.resolve_batch(lay.data.size, source)
+    except ConfigError:
+        if size == 1:
+            raise
+        world = lay.data.size * lay.tensor.size * lay.pipe.size
+        try:
+            counted = config.resolve_batch(world, "the world size (upstream's AutoTP count)")
+        except ConfigError:
+            raise ConfigError(
+                f"the batch sizes fit neither the {lay.data.size} data-parallel ranks nor "
+                f"(upstream's AutoTP count) all {world} ranks: with {_KEY} {size}, "
+                "train_batch_size = train_micro_batch_size_per_gpu x "
+                f"gradient_accumulation_steps x {lay.data.size}"
+            ) from None
+        sizes = BatchSizes(counted.micro * counted.gas * lay.data.size, counted.micro, counted.gas)
+        logger.info(
+            f"train_batch_size {counted.train_batch_size} counts each of the {size} "
+            f"tensor-parallel ranks (upstream's AutoTP convention); the data-parallel batch "
+            f"is {sizes.train_batch_size}"
+        )
+        return sizes
 
 
 def slice_for_engine(

@@ -2,7 +2,7 @@
 launcher) and tracks the same Trainer run without DeepSpeed, step by step.
 
 What makes the two runs comparable: the same global batch (2 ranks x 2 per device x 2 accum
-vs 1 process x 4 x 2) drawn in the same order (accelerate's seeded sampler hands rank r the
+vs 1 process x 4 x 2; with AutoTP over both ranks, 1 replica x 4 x 2) drawn in the same order (accelerate's seeded sampler hands rank r the
 micro-batches r, r+2, ... of the one-process order), dropout off, the loss normalised by the
 tokens of the whole global batch in both, the same AdamW weight-decay groups and linear schedule
 (the Trainer's own, unless a run asks for DeepSpeed's), and gradient clipping at 1.0 on the
@@ -30,6 +30,7 @@ CONFIGS = {
     "zero2_bf16": ("--zero-stage", "2", "--bf16"),
     "zero3": ("--zero-stage", "3"),
     "zero3_offload": ("--zero-stage", "3", "--offload"),
+    "zero1_autotp2": ("--zero-stage", "1", "--autotp", "2"),  # tensor slicing over both ranks
 }
 
 # Tolerances, from measured gaps (8 steps, loss ~4.8 -> ~3.8), on the loss and, relative, on
@@ -67,6 +68,7 @@ def _max_gap(a: list[float], b: list[float], relative: bool = False) -> float:
         ("zero2", SAME_MATH),
         ("zero2_offload_ds_optimizer", ALL_PARAMS_DECAYED),
         ("zero2_bf16", BF16),
+        ("zero1_autotp2", SAME_MATH),
         pytest.param("zero3", SAME_MATH, marks=needs_stage3),
         pytest.param("zero3_offload", SAME_MATH, marks=needs_stage3),
     ],
@@ -126,7 +128,9 @@ def test_checkpoint_and_resume_from_checkpoint(runs: Runs, name: str):
         torch.testing.assert_close(resumed_weights[k], v, atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("name", ["zero2", pytest.param("zero3", marks=needs_stage3)])
+@pytest.mark.parametrize(
+    "name", ["zero2", "zero1_autotp2", pytest.param("zero3", marks=needs_stage3)]
+)
 def test_save_model_writes_the_full_weights(runs: Runs, name: str):
     """trainer.save_model goes through accelerate's get_state_dict (zero3: the engine's
     _zero3_consolidated_16bit_state_dict): every tensor whole, and the trained values."""
