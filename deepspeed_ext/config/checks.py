@@ -81,17 +81,15 @@ def _tensor_parallel(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     tp, out = cfg.tensor_parallel.autotp_size, []
     if tp < 0:
         out.append(f"tensor_parallel.autotp_size must be >= 0 (0 or 1: no slicing), got {tp}")
-    if tp > 1 and cfg.zero_optimization.stage == 3 and "zero_optimization.stage" not in autos:
+    zero = cfg.zero_optimization
+    split = tp > 1 or (cfg.pipeline_parallelism.num_stages or 0) > 1
+    offload = zero.offload_param is not None and zero.offload_param.device != "none"
+    if split and zero.stage == 3 and offload and "zero_optimization.stage" not in autos:
+        # stage 3 runs as stage 2 there ([Note: stage 3 under model parallelism])
         out.append(
-            f"tensor_parallel.autotp_size {tp} with zero_optimization.stage 3: AutoTP training "
-            "runs with ZeRO stages 0, 1 and 2 (stage 3 would partition the slices again); "
-            "use stage 2, or autotp_size 1"
-        )
-    stages = cfg.pipeline_parallelism.num_stages
-    if tp > 1 and stages is not None and stages > 1:
-        out.append(
-            f"tensor_parallel.autotp_size {tp} with pipeline_parallelism.num_stages {stages}: "
-            "tensor slicing inside pipeline stages is not built yet; use one of the two"
+            "zero_optimization.offload_param needs zero_optimization.stage 3, which runs as "
+            "stage 2 with pipeline stages or tensor slicing: remove it, or drop the model "
+            "parallelism"
         )
     return out
 

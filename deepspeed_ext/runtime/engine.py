@@ -56,6 +56,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         self.rank = comm.get_rank()
         # [Note: parallel layout]: every data-parallel collective runs over layout.data
         # [Note: AutoTP in the engine]: tensor slicing adds a tensor axis to the layout
+        tensor_parallel.check_rules(config)
         autotp_size = tensor_parallel.tp_size(config, model)
         self.layout = tensor_parallel.layout(mpu, autotp_size, model)
         parallel_layout.set_current(self.layout)
@@ -87,7 +88,9 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         # tensor group's first rank has them); sliced ones add up over the tensor group
         self._norm_axis = tensor_parallel.norm_axis(self.module, self.layout)
         sums_slices = self._norm_axis is self.layout.model and self.layout.tensor.rank > 0
-        self._tp_replicated = tp.replicated_params(self.module) if sums_slices else []
+        replicated = tp.replicated_params(self.module) if sums_slices else []
+        # (a pipeline's tied copies on other stages take themselves away already)
+        self._tp_replicated = [p for p in replicated if not getattr(p, "ds_pipe_replicated", 0)]
         if config.fp16.enabled:
             self.module.half()
         elif config.bf16.enabled:

@@ -9,6 +9,7 @@ import torch
 from deepspeed_ext.config import parse
 
 from .engine import DeepSpeedEngine
+from .model_parallel_zero import fallback_stage
 from .pipe import PipelineEngine, PipelineModule
 from .pipe.wrap import as_pipeline
 
@@ -60,7 +61,11 @@ def initialize(
     comm.init_distributed(
         dist_init_required=dist_init_required, distributed_port=distributed_port, verbose=False
     )
-    if parsed.pipeline_parallelism.num_stages is not None or isinstance(model, PipelineModule):
+    pipelined = parsed.pipeline_parallelism.num_stages is not None or isinstance(
+        model, PipelineModule
+    )
+    parsed = fallback_stage(parsed, pipelined)  # [Note: stage 3 under model parallelism]
+    if pipelined:
         model = as_pipeline(model, parsed)
     engine_type: Any = PipelineEngine if isinstance(model, PipelineModule) else DeepSpeedEngine
     engine = engine_type(

@@ -109,6 +109,16 @@ def tp_size(config: Any, model: Any) -> int:
     return max(size, rec["tp_size"])
 
 
+def check_rules(config: Any) -> None:
+    """tensor_parallel.partition_config and preset_model are checked at initialize even
+    when nothing is sliced, so a mistake shows before a larger run (PlanError names it)."""
+    cfg = config.tensor_parallel
+    if cfg.partition_config is not None:
+        tp.plan.from_partition_config(cfg.partition_config)
+    if cfg.preset_model is not None and cfg.preset_model not in tp.PRESETS:
+        tp.plan.choose(None, None, cfg.preset_model)  # raises, listing the presets
+
+
 def layout(mpu: Any, size: int, model: Any) -> ParallelLayout:
     """[Note: AutoTP in the engine]: the layout for `size` slices, or the mpu's (checked)."""
     if mpu is not None or size == 1:

@@ -17,6 +17,7 @@ gathered output; vocabulary-parallel embeddings are not built.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -144,7 +145,7 @@ _HF_STYLES: dict[str, Kind] = {
 }
 
 
-def from_partition_config(raw: dict[str, Any]) -> tuple[list[LayerRule], bool]:
+def from_partition_config(raw: Mapping[str, Any]) -> tuple[list[LayerRule], bool]:
     """(rules, use_default_specs) from upstream's partition_config dict; every problem is a
     PlanError naming the key."""
     unknown = sorted(set(raw) - {"use_default_specs", "layer_specs", "lm_head_patterns"})
@@ -153,12 +154,12 @@ def from_partition_config(raw: dict[str, Any]) -> tuple[list[LayerRule], bool]:
             f"{_KEY}: unknown key(s) {unknown}; it takes use_default_specs and layer_specs"
         )
     specs = raw.get("layer_specs", [])
-    if not isinstance(specs, list):
+    if not isinstance(specs, (list, tuple)):
         raise PlanError(f"{_KEY}.layer_specs: expected a list of specs, got {type(specs).__name__}")
     rules = []
     for i, spec in enumerate(specs):
         where = f"{_KEY}.layer_specs[{i}]"
-        if not isinstance(spec, dict):
+        if not isinstance(spec, Mapping):
             raise PlanError(f"{where}: expected an object, got {type(spec).__name__}")
         extra = sorted(set(spec) - {"patterns", "partition_type", "shape", "partition_dim",
                                     "model_types"})  # fmt: skip
@@ -170,7 +171,11 @@ def from_partition_config(raw: dict[str, Any]) -> tuple[list[LayerRule], bool]:
         patterns = spec.get("patterns")
         if isinstance(patterns, str):
             patterns = [patterns]
-        if not patterns or not all(isinstance(p, str) for p in patterns):
+        if (
+            not isinstance(patterns, (list, tuple))
+            or not patterns
+            or not all(isinstance(p, str) for p in patterns)
+        ):
             raise PlanError(f"{where}.patterns: give a non-empty list of regex strings")
         for p in patterns:
             try:

@@ -495,6 +495,8 @@ class PipelineEngine(DeepSpeedEngine):
         loss: torch.Tensor | float = 0.0
         if self.is_last_stage():
             loss = self._mean_over_data(self._losses, self.micro_batches)
+            if self._norm_axis is not self.layout.pipe and self.layout.tensor.rank > 0:
+                loss = 0.0  # the sum runs over the tensor slices too: count the loss once
         with self.timers.phase("step"):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
         self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)

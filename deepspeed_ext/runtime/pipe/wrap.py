@@ -30,9 +30,26 @@ def as_pipeline(model: Any, config: Any) -> Any:
         )
     pipe = config.pipeline
     partition = pipe.partition if "partition" in pipe.model_fields_set else "parameters"
+    tp = max(int(config.tensor_parallel.autotp_size), 1)
+    topology = None
+    if tp > 1:  # 3D: each stage's layers sliced over tp consecutive ranks
+        from deepspeed_ext.comm import get_world_size
+        from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
+
+        world = get_world_size()
+        if world % (stages * tp):
+            raise ValueError(
+                f"pipeline_parallelism.num_stages {stages} x tensor_parallel.autotp_size {tp} "
+                f"does not divide the world size {world}: launch a multiple of {stages * tp} "
+                "ranks"
+            )
+        topology = PipeModelDataParallelTopology(
+            num_pp=stages, num_mp=tp, num_dp=world // (stages * tp)
+        )
     return PipelineModule(
         layers,
         num_stages=stages,
+        topology=topology,
         loss_fn=getattr(model, "loss_fn", None),
         partition_method=partition,
         seed_layers=bool(pipe.seed_layers),

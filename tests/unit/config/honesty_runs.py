@@ -104,6 +104,11 @@ def _dense(d: str) -> dict[str, Any]:
         dataloader_drop_last=True,
         prescale_gradients=True,
         checkpoint={"tag_validation": "fail"},
+        # checked at initialize even at one rank (sliced only with autotp_size > 1: tests/unit/tp)
+        tensor_parallel={
+            "preset_model": "llama",
+            "partition_config": {"layer_specs": [{"patterns": ["x"], "partition_type": "row"}]},
+        },
     )
 
 

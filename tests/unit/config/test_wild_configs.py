@@ -192,7 +192,7 @@ def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
                 "amp": {"enabled": True, "opt_level": "O1"},
                 "sparse_attention": {"mode": "fixed", "block": 16},
                 "elasticity": {"enabled": False, "max_train_batch_size": 2000},
-                "tensor_parallel": {"autotp_size": 2},
+                "tensor_parallel": {"autotp_size": 2},  # runs (tests/unit/tp)
                 "compression_training": {
                     "weight_quantization": {
                         "shared_parameters": {"enabled": True, "quantization_type": "symmetric"},
@@ -228,7 +228,6 @@ def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
         "compression_training",
         "data_efficiency",
         "sparse_attention",
-        "tensor_parallel",
         "wandb",
         "zero_optimization.zenflow",
     ]

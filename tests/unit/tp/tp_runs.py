@@ -300,3 +300,94 @@ def fp32_export_logits(save_dir: str) -> float:
     b.load_state_dict(torch.load(Path(save_dir) / "export.bin", weights_only=True))
     with torch.no_grad():
         return float((a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max())
+
+
+def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
+    """TP 2 x PP 2 x DP 2 on the pipeline tests' tiny GPT (tied embedding and head): its
+    blocks' up / down layers sliced by partition_config rules; returns this rank's losses and
+    its stage's weights made whole over the tensor group."""
+    from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+    from tests.unit.runtime.pipe import pipe_runs as pr
+
+    module = PipelineModule(
+        pr.specs(),
+        topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2),
+        loss_fn=pr.lm_loss,
+        seed_layers=True,
+        partition_method="uniform",
+    )
+    cfg = {
+        "train_micro_batch_size_per_gpu": pr.MICRO,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": pr.CLIP,
+        "zero_optimization": {"stage": zero},
+        "tensor_parallel": {
+            "autotp_size": 2,
+            "partition_config": {
+                "use_default_specs": False,
+                "layer_specs": [
+                    {"patterns": [r".*\.up\.weight$"], "partition_type": "column"},
+                    {"patterns": [r".*\.down\.weight$"], "partition_type": "row"},
+                ],
+            },
+        },
+    }
+    engine, *_ = initialize(
+        model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=pr.LR)
+    )
+    dp_rank = engine.grid.get_data_parallel_id()
+    losses = []
+    for step in range(steps):
+        it = iter(pr.batches(step, dp_rank, gas)) if engine._needs_data() else None
+        losses.append(float(engine.train_batch(it)))
+    return {
+        "losses": losses,
+        "weights": full_weights(engine),
+        "sliced": sorted(n for n, p in module.named_parameters() if hasattr(p, "ds_tensor_slice")),
+        "coords": (engine.stage_id, engine.layout.data.rank, engine.layout.tensor.rank),
+    }
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.up_proj = torch.nn.Linear(dim, 4 * dim)
+        self.down_proj = torch.nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down_proj(torch.nn.functional.gelu(self.up_proj(x)))
+
+
+def guide_3d_shrunk() -> dict:
+    """The guides' 3D config (ZeRO 3 + CPU optimizer offload, pipeline stages, the top-level
+    tensor_model_parallel_size) shrunk to 2 stages x 2 slices on 4 ranks, given a plain
+    nn.Sequential: it trains (ZeRO 3 runs as stage 2 there) and the loss falls."""
+    import deepspeed
+
+    torch.manual_seed(0)
+    dim = 16
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, dim), *[_Mlp(dim) for _ in range(4)], torch.nn.Linear(dim, VOCAB)
+    )
+    model.loss_fn = lambda logits, labels: torch.nn.functional.cross_entropy(
+        logits.reshape(-1, VOCAB).float(), labels.reshape(-1)
+    )
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 4,  # the guide's 16, shrunk
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "pipeline_parallelism": {"num_stages": 2},
+        "tensor_model_parallel_size": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+    }
+    engine, *_ = deepspeed.initialize(model=model, config=config)
+    g = torch.Generator().manual_seed(0)
+    fixed = [torch.randint(0, VOCAB, (4, SEQ), generator=g) for _ in range(4)]
+    losses = []
+    for _ in range(6):
+        it = iter([(ids, ids) for ids in fixed]) if engine._needs_data() else None
+        losses.append(float(engine.train_batch(it)))
+    sliced = [n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice")]
+    return {"losses": losses, "stage": engine.zero_optimization_stage(), "sliced": sliced}

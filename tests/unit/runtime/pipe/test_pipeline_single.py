@@ -14,7 +14,10 @@ from tests.helpers.errors import error_text
 from . import pipe_runs as pr
 
 REFUSED = {
-    "zero3": ({"zero_optimization": {"stage": 3}}, "stage 3 does not run with pipeline"),
+    "zero3_param_offload": (
+        {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}},
+        "offload_param needs zero_optimization.stage 3, which runs as stage 2",
+    ),
     "stages": ({"pipeline": {"stages": 2}}, "pipeline.stages is 2"),
     "partition": ({"pipeline": {"partition": "uniform"}}, "pipeline.partition is 'uniform'"),
     "interval": ({"pipeline": {"activation_checkpoint_interval": 2}}, "activation_checkpoint"),

@@ -1,0 +1,61 @@
+"""Full 3D on 8 real gloo ranks: tensor slicing 2 x pipeline 2 x data 2 (ZeRO 1) trains the
+pipeline tests' tiny GPT exactly as one process does on the same global batches (AdamW,
+clipping at the whole model's norm, the embedding tied to the head across stages)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.distributed import run_ranks
+from tests.unit.runtime.pipe import pipe_runs as pr
+from tests.unit.runtime.pipe.test_pipeline_parity import _ref_name
+
+from . import tp_runs
+
+STEPS, GAS = 3, 2
+
+
+def test_tp2_pp2_dp2_matches_one_process() -> None:
+    out = run_ranks(tp_runs.pipeline_3d, 8, STEPS, GAS, 1, timeout=600)
+    ref = pr.reference(STEPS, GAS, dp=2)
+    names = [n for n, _ in pr.Reference().named_parameters()]
+    ref_weights = dict(zip(names, ref["params"], strict=True))
+    assert {r["coords"] for r in out} == {(s, d, t) for s in (0, 1) for d in (0, 1) for t in (0, 1)}
+    seen = set()
+    for r in out:
+        torch.testing.assert_close(
+            torch.tensor(r["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=1e-5
+        )
+        assert any(n.endswith("up.weight") for n in r["sliced"]), r["sliced"]
+        for name, w in r["weights"].items():
+            torch.testing.assert_close(w, ref_weights[_ref_name(name)], rtol=1e-5, atol=1e-5)
+            seen.add(_ref_name(name))
+    assert seen == set(ref_weights)
+
+
+@pytest.mark.parametrize("world, ok", [(64, True), (48, False)])
+def test_a_guides_3d_config_is_checked_before_spawn(world: int, ok: bool) -> None:
+    """The 3D example widely read guides print (ZeRO 3 + offload, 8 stages, tensor 4)."""
+    from deepspeed_ext.config import ConfigError, validate_config_file
+
+    guide = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_accumulation_steps": 16,
+        "zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}},
+        "pipeline_parallelism": {"num_stages": 8},
+        "tensor_model_parallel_size": 4,
+    }
+    if ok:
+        validate_config_file(guide, world)
+    else:
+        with pytest.raises(ConfigError, match="not a multiple of the 32 ranks"):
+            validate_config_file(guide, world)
+
+
+def test_the_guides_3d_config_runs_shrunk() -> None:
+    out = run_ranks(tp_runs.guide_3d_shrunk, 4, timeout=600)
+    for r in out:
+        assert r["stage"] == 2  # stage 3 under model parallelism runs as stage 2, and says so
+        assert r["losses"][-1] < 0.9 * r["losses"][0], r["losses"]
+        assert len(r["sliced"]) == 2 * 3  # each stage: 2 blocks x (up_proj w, b; down_proj w)
