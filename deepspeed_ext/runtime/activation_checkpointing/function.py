@@ -13,7 +13,8 @@ torch.utils.checkpoint trap). Non-reentrant: torch's non-reentrant checkpoint, w
 tracker's streams replayed by its context hooks.
 cpu_checkpointing keeps the saved inputs in host memory (pinned, copied asynchronously) and
 copies them back for the recompute; on a CPU device they are host memory already and are
-kept as they are.
+kept as they are. partition_activations keeps 1/tp of each ([Note: partitioned
+checkpoints]); the non-reentrant path keeps them whole (said once).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from typing import Any
 import torch
 
 from deepspeed_ext.accelerator import get_accelerator, strict
+from deepspeed_ext.utils.logging import logger
 
-from . import rng, settings
+from . import partition, rng, settings
 
 
 def _sync() -> None:
@@ -96,7 +98,15 @@ class _Reentrant(torch.autograd.Function):
         ctx.others = [None if isinstance(a, torch.Tensor) else a for a in args]
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         ctx.cpu = s.cpu_checkpointing
-        if ctx.cpu:
+        axis = settings.tensor_axis(s.mpu) if s.partition_activations else None
+        ctx.axis = axis if axis is not None and axis.size > 1 else None
+        if ctx.axis is not None:  # [Note: partitioned checkpoints]
+            ctx.kept = [partition.split(t, ctx.axis) for t in tensors]
+            if ctx.cpu:
+                for k in ctx.kept:
+                    if isinstance(k, partition.Part):
+                        k.data = _to_host(k.data)
+        elif ctx.cpu:
             ctx.devices = [t.device for t in tensors]
             ctx.host = [_to_host(t) for t in tensors]
         else:
@@ -111,7 +121,10 @@ class _Reentrant(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        if ctx.cpu:
+        if ctx.axis is not None:
+            saved = [partition.join(k, ctx.axis) for k in ctx.kept]
+            ctx.kept = None
+        elif ctx.cpu:
             saved = [h.to(d, non_blocking=True) for h, d in zip(ctx.host, ctx.devices)]
         else:
             saved = list(ctx.saved_tensors)
@@ -204,9 +217,26 @@ def non_reentrant_checkpoint(function: Callable[..., Any], *args: Any, **kwargs:
     run, flat = _positional(function, args, kwargs)
     if settings.current().cpu_checkpointing:
         run, flat = _via_host(run, flat)
+    if settings.current().partition_activations:
+        _say_whole_once()
     return torch_checkpoint(
         run, *flat, use_reentrant=False, preserve_rng_state=True, context_fn=_tracker_contexts
     )
+
+
+_said_whole = False
+
+
+def _say_whole_once() -> None:
+    """torch's non-reentrant checkpoint owns its saved inputs, so they cannot be split; the
+    reentrant path (checkpoint() with an input needing grad) splits them."""
+    global _said_whole
+    if not _said_whole:
+        logger.info(
+            "activation_checkpointing.partition_activations: a non-reentrant checkpoint "
+            "(no input needing grad, or non_reentrant_checkpoint) keeps its inputs whole"
+        )
+        _said_whole = True
 
 
 def _via_host(run: Callable[..., Any], args: tuple) -> tuple[Callable[..., Any], tuple]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from deepspeed_ext.comm import layout
+from deepspeed_ext.comm.layout import AxisGroup
 from deepspeed_ext.config.errors import ConfigError
 from deepspeed_ext.utils.logging import logger
 
@@ -47,13 +49,14 @@ def _section(deepspeed_config: Any) -> dict[str, Any]:
     return {k: getattr(section, k) for k in type(section).model_fields}
 
 
-def _tp_size(mpu: Any) -> int:
-    if mpu is None:
-        return 1
-    for name in ("get_tensor_model_parallel_world_size", "get_model_parallel_world_size"):
-        if hasattr(mpu, name):
-            return int(getattr(mpu, name)())
-    return 1
+def tensor_axis(mpu: Any) -> AxisGroup:
+    """The tensor-parallel group saved activations are split across: the mpu's (its
+    tensor-model-parallel group, else its model-parallel group), else the layout's (AutoTP)."""
+    if mpu is not None:
+        for name in ("get_tensor_model_parallel_group", "get_model_parallel_group"):
+            if hasattr(mpu, name):
+                return layout.axis_of(getattr(mpu, name)())
+    return layout.current().tensor
 
 
 def configure(
@@ -95,20 +98,21 @@ def configure(
 def _check(s: Settings) -> None:
     key = f"{_SECTION}.partition_activations"
     if s.partition_activations:
-        if _tp_size(s.mpu) <= 1:
+        if tensor_axis(s.mpu).size <= 1:
             raise ConfigError(
                 f"{key} is true but there is no tensor-parallel group of 2 or more ranks to "
                 "split saved activations across (pass an mpu with one to configure()); set it "
                 "false, or use cpu_checkpointing to move them off the device instead"
             )
+    if s.contiguous_memory_optimization and not s.number_checkpoints:
         raise ConfigError(
-            f"{key}: splitting saved activations across a tensor-parallel group is not built "
-            "yet (it arrives with tensor slicing); set it false"
+            f"{_SECTION}.contiguous_memory_optimization preallocates one slot per checkpoint: "
+            "set number_checkpoints (the checkpointed blocks per forward)"
         )
-    if s.contiguous_memory_optimization:
+    if s.contiguous_memory_optimization and not s.partition_activations:
         raise ConfigError(
-            f"{_SECTION}.contiguous_memory_optimization is not built yet (it applies to "
-            "partitioned activations); set it false"
+            f"{_SECTION}.contiguous_memory_optimization keeps partitioned activations in one "
+            "buffer: it needs partition_activations true; set both, or neither"
         )
     if s.number_checkpoints is not None and s.number_checkpoints < 1:
         raise ConfigError(
@@ -131,9 +135,15 @@ def is_configured() -> bool:
 
 
 def reset() -> None:
-    """Upstream frees its contiguous buffers here (for eval passes without a backward). This
-    runtime keeps no buffers between calls, so nothing is left to free; the profile
-    counters restart."""
+    """Frees the contiguous buffers (for evaluation passes that never run the backward) and
+    restarts the profile counters."""
+    from . import partition  # it reads these settings
+
+    partition.free_buffers()
+    _restart_counters()
+
+
+def _restart_counters() -> None:
     _current.times = {"forward": 0.0, "recompute": 0.0}
     _current.calls = {"forward": 0, "recompute": 0}
 
@@ -144,7 +154,7 @@ def take_profile_ms() -> dict[str, float]:
     if not _current.profile:
         return {}
     out = {f"ckpt_{k}_ms": 1000 * v for k, v in _current.times.items()}
-    reset()
+    _restart_counters()
     return out
 
 

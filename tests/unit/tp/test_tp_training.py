@@ -7,6 +7,7 @@ made whole; each rank holds only its slices."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.helpers.distributed import run_ranks
 
@@ -106,3 +107,17 @@ def test_replicated_weights_stay_identical_with_dropout() -> None:
     """Ranks seeded differently, dropout on: the engine gives the tensor group one random
     stream, so the replicated weights (LayerNorms, embeddings, row biases) never drift."""
     assert run_ranks(tp_runs.replicas_stay_identical, 2, timeout=300) == [0.0, 0.0]
+
+
+def test_partitioned_activation_checkpoints_train_as_without() -> None:
+    """activation_checkpointing.partition_activations (and contiguous_memory_optimization
+    with number_checkpoints) at TP 2: same losses and weights as no checkpointing; a saved
+    input of 2 x 8 x 16 keeps 128 of its 256 elements per rank; the buffer has 3 slots, all
+    free again after the backward."""
+    for r in run_ranks(tp_runs.partitioned_checkpoints, 2, timeout=300):
+        for mode in ("partitioned", "contiguous"):
+            assert r[mode]["losses"] == pytest.approx(r["plain"]["losses"], rel=1e-6)
+            for k, v in r["plain"]["weights"].items():
+                torch.testing.assert_close(r[mode]["weights"][k], v, atol=1e-6, rtol=0)
+        assert r["arena"] == (3, 128, 0)
+        assert r["part_numel"] == 128

@@ -391,3 +391,62 @@ def guide_3d_shrunk() -> dict:
         losses.append(float(engine.train_batch(it)))
     sliced = [n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice")]
     return {"losses": losses, "stage": engine.zero_optimization_stage(), "sliced": sliced}
+
+
+class _CkptNet(torch.nn.Module):
+    def __init__(self, dim: int = 16, blocks: int = 3) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(VOCAB, dim)
+        self.blocks = torch.nn.ModuleList([_Mlp(dim) for _ in range(blocks)])
+        self.head = torch.nn.Linear(dim, VOCAB)
+        self.checkpointed = False
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        import deepspeed
+
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = deepspeed.checkpointing.checkpoint(block, x) if self.checkpointed else block(x)
+        logits = self.head(x)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids.reshape(-1))
+
+
+def partitioned_checkpoints() -> dict:
+    """At TP 2: blocks checkpointed with partition_activations (and in one contiguous buffer)
+    train exactly as without checkpointing; each rank keeps half of each saved input."""
+    import deepspeed
+    from deepspeed_ext.runtime.activation_checkpointing import partition
+
+    out: dict[str, Any] = {}
+    for mode in ("plain", "partitioned", "contiguous"):
+        model = _CkptNet()
+        model.checkpointed = mode != "plain"
+        config: dict[str, Any] = {
+            "train_micro_batch_size_per_gpu": MICRO,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "tensor_parallel": {"autotp_size": 2},
+        }
+        if mode != "plain":
+            config["activation_checkpointing"] = {
+                "partition_activations": True,
+                "contiguous_memory_optimization": mode == "contiguous",
+                "number_checkpoints": 3,
+            }
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+        losses = []
+        for step in range(STEPS):
+            ids = tokens(step, 0)
+            loss = engine(ids)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+        out[mode] = {"losses": losses, "weights": full_weights(engine)}
+        if mode == "contiguous":
+            arena = next(iter(partition._arenas.values()))
+            out["arena"] = (arena.slots, arena.numel, arena.live)
+        engine.destroy()
+    deepspeed.checkpointing.reset()
+    part = partition.split(torch.randn(MICRO, SEQ, 16), engine.layout.tensor)
+    out["part_numel"] = part.data.numel() if isinstance(part, partition.Part) else None
+    return out
