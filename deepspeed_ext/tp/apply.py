@@ -19,7 +19,14 @@ import torch
 from deepspeed_ext.comm import AxisGroup, group_broadcast
 
 from . import plan
-from .layers import LinearAllreduce, LinearLayer, is_conv1d, is_linear_like, out_dim
+from .layers import (
+    LinearAllreduce,
+    LinearLayer,
+    VocabParallelEmbedding,
+    is_conv1d,
+    is_linear_like,
+    out_dim,
+)
 from .slicing import TensorSlice
 
 logger = logging.getLogger("deepspeed_ext")
@@ -86,6 +93,11 @@ def _qkv_parts(name: str, total: int, heads: Heads | None) -> tuple[int, ...] | 
 def _slice_layer(
     name: str, module: torch.nn.Module, rule: plan.LayerRule, axis: AxisGroup, heads: Heads | None
 ) -> torch.nn.Module:
+    if rule.kind == "vocab":
+        assert isinstance(module, torch.nn.Embedding)
+        shape = tuple(module.weight.shape)
+        spec = TensorSlice.plan(f"{name}.weight", shape, 0, None, axis.size, axis.rank, 1, "rows")
+        return VocabParallelEmbedding(module, axis, spec)
     w, bias = module.weight, module.bias
     assert isinstance(w, torch.Tensor) and (bias is None or isinstance(bias, torch.Tensor))
     dim = _dim(module, rule)
@@ -134,13 +146,43 @@ def _localize(model: torch.nn.Module, names: list[str], size: int) -> None:
                 setattr(parent, attr, value // size)
 
 
-def _shared_weights(model: torch.nn.Module) -> set[int]:
-    """ids of Parameters that more than one module holds (tied embeddings and heads)."""
-    seen: dict[int, int] = {}
-    for m in model.modules():
+def _fits(name: str, module: torch.nn.Module, rule: plan.LayerRule) -> bool:
+    """Whether the matched module is of a kind the rule can cut (heuristics skip others)."""
+    ok = isinstance(module, torch.nn.Embedding) if rule.kind == "vocab" else is_linear_like(module)
+    if ok or rule.source == "heuristics":
+        return ok
+    what = "an embedding" if rule.kind == "vocab" else "linear layers (torch Linear, HF Conv1D)"
+    raise plan.PlanError(
+        f"{name} ({type(module).__name__}) matches {rule.source}, but only {what} can be cut "
+        'that way here; narrow the pattern, or make the rule\'s partition_type "skip"'
+    )
+
+
+def _tied_left_whole(
+    model: torch.nn.Module, chosen: list[tuple[str, torch.nn.Module, plan.LayerRule]], out: Sliced
+) -> set[str]:
+    """Names of chosen modules whose weight another module also holds, and that cannot be
+    cut together: an embedding cut by vocabulary and a head with a gathered output cut
+    along the same rows can (one cut, both modules); anything else stays whole, with
+    every other holder (cutting one would untie it)."""
+    holders: dict[int, list[str]] = {}
+    for name, m in model.named_modules(remove_duplicate=False):
         for p in m.parameters(recurse=False):
-            seen[id(p)] = seen.get(id(p), 0) + 1
-    return {k for k, v in seen.items() if v > 1}
+            holders.setdefault(id(p), []).append(name)
+    rule_of = {name: rule for name, _, rule in chosen}
+    keep: set[str] = set()
+    for name, module, _ in chosen:
+        who = holders.get(id(module.weight), [name])
+        if len(set(who)) == 1:
+            continue
+        kinds = {rule_of[n].kind if n in rule_of else None for n in who}
+        together = kinds == {"vocab", "column_gather"} and not any(
+            is_conv1d(model.get_submodule(n)) for n in who
+        )
+        if not together:
+            keep.add(name)
+    out.kept_whole = sorted(keep)
+    return keep
 
 
 def slice_model(
@@ -157,7 +199,7 @@ def slice_model(
     if axis.size == 1:
         return out
     _same_everywhere(model, axis)
-    tied = _shared_weights(model)
+    chosen: list[tuple[str, torch.nn.Module, plan.LayerRule]] = []
     for name, module in list(model.named_modules()):
         weight = getattr(module, "weight", None)
         if not isinstance(weight, torch.nn.Parameter):
@@ -165,16 +207,12 @@ def slice_model(
         rule = plan.first_match(rules, (f"{name}.weight", name), model_type)
         if rule is None or rule.kind == "skip":
             continue
-        if not is_linear_like(module):
-            if rule.source == "heuristics":
-                continue
-            raise plan.PlanError(
-                f"{name} ({type(module).__name__}) matches {rule.source}, but only linear "
-                "layers (torch Linear, Hugging Face Conv1D) are sliced here; narrow the "
-                'pattern, or make the rule\'s partition_type "skip"'
-            )
-        if id(weight) in tied:
-            out.kept_whole.append(name)  # slicing one holder would untie it from the other
+        if not _fits(name, module, rule):
+            continue
+        chosen.append((name, module, rule))
+    keep = _tied_left_whole(model, chosen, out)
+    for name, module, rule in chosen:
+        if name in keep:
             continue
         _set_child(model, name, _slice_layer(name, module, rule, axis, heads))
         out.layers.append(name)
@@ -189,8 +227,8 @@ def slice_model(
     _localize(model, out.layers, axis.size)
     if out.kept_whole:
         logger.info(
-            f"AutoTP: {', '.join(out.kept_whole)} share their weight with another module; "
-            "left whole (a vocabulary-parallel tied embedding is not built)"
+            f"AutoTP: {', '.join(out.kept_whole)} share their weight with another module "
+            "that is not cut the same way; left whole"
         )
     return out
 

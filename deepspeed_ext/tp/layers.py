@@ -39,6 +39,8 @@ def out_dim(module: torch.nn.Module) -> int:
 
 @torch.no_grad()
 def _cut(p: torch.nn.Parameter, spec: TensorSlice) -> None:
+    if getattr(p, "ds_tensor_slice", None) is not None:
+        return  # a tied weight, cut already for the other module holding it
     p.data = spec.local(p.data)
     p.ds_tensor_slice = spec  # type: ignore[attr-defined]
     p.tensor_model_parallel = True  # type: ignore[attr-defined]
@@ -114,6 +116,54 @@ class LinearAllreduce(_Sliced):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = reduce_from(self._matmul(x, None), self.axis)
         return out + self.bias if self.bias is not None else out
+
+
+class VocabParallelEmbedding(torch.nn.Module):
+    """An embedding whose vocabulary rows are cut: each rank looks up the ids in its range,
+    zeroes the others, and the partial results are summed over the tensor group (the
+    gradient reaches each rank's own rows only)."""
+
+    def __init__(
+        self, module: torch.nn.Embedding, axis: AxisGroup, weight_slice: TensorSlice
+    ) -> None:
+        super().__init__()
+        if module.max_norm is not None or module.sparse:
+            raise ValueError(
+                "a vocabulary-parallel embedding with max_norm or sparse gradients is not "
+                "built; leave the embedding whole (a partition_config skip rule)"
+            )
+        weight = module.weight
+        assert isinstance(weight, torch.nn.Parameter)
+        self.weight = weight
+        self.axis = axis
+        self.full_vocab = int(weight_slice.full_shape[0])
+        _cut(self.weight, weight_slice)
+        self.start = axis.rank * int(self.weight.shape[0])
+        pad = module.padding_idx
+        local = None if pad is None else pad - self.start
+        self.local_padding = (
+            local if local is not None and 0 <= local < self.weight.shape[0] else None
+        )
+        self.scale_grad_by_freq = module.scale_grad_by_freq
+
+    @property
+    def num_embeddings(self) -> int:
+        return self.full_vocab
+
+    @property
+    def embedding_dim(self) -> int:
+        return int(self.weight.shape[1])
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        outside = (ids < self.start) | (ids >= self.start + self.weight.shape[0])
+        local = (ids - self.start).masked_fill(outside, 0)
+        out = F.embedding(
+            local, self.weight, self.local_padding, scale_grad_by_freq=self.scale_grad_by_freq
+        )
+        return reduce_from(out.masked_fill(outside.unsqueeze(-1), 0.0), self.axis)
+
+    def extra_repr(self) -> str:
+        return f"{self.full_vocab}, {self.embedding_dim}, tp_size={self.axis.size}"
 
 
 def sliced_params(module: torch.nn.Module) -> list[Any]:

@@ -10,8 +10,9 @@ preset counted as the user's own rules):
 3. heuristics over module names (attention q/k/v and fused qkv, output projections, MLP up,
    gate, down and fused gate_up), as upstream's parser reads the module structure.
 A rule's patterns are regexes matched (re.match) against a parameter name ("...q_proj.weight")
-and its module's name. Embeddings and lm_head stay whole unless a rule slices lm_head with a
-gathered output; vocabulary-parallel embeddings are not built.
+and its module's name. Embeddings stay whole unless the model's plan cuts their vocabulary
+(embedding_rowwise), and lm_head unless a rule slices it with a gathered output; a weight tied
+between the two is cut once when both are cut, else both stay whole.
 """
 
 from __future__ import annotations
@@ -21,8 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Kind = Literal["column", "row", "skip", "column_gather"]
-_KINDS = ("column", "row", "skip", "column_gather")
+Kind = Literal["column", "row", "skip", "column_gather", "vocab"]
 _KEY = "tensor_parallel.partition_config"
 
 
@@ -142,6 +142,7 @@ _HF_STYLES: dict[str, Kind] = {
     "rowwise": "row",
     "colwise_gather_output": "column_gather",
     "colwise_rep": "column_gather",
+    "embedding_rowwise": "vocab",  # an embedding's vocabulary rows cut
 }
 
 
@@ -242,7 +243,7 @@ def from_hf_plan(model: Any) -> list[LayerRule] | None:
     for plan, under in ((top, ""), (base, prefix)):
         for key, style in plan.items():
             kind = _HF_STYLES.get(str(style))
-            if kind is None and (str(style).startswith("embedding") or style == "replicate"):
+            if kind is None and style == "replicate":
                 kind = "skip"
             if kind is None:
                 return None

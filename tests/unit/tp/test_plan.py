@@ -116,8 +116,8 @@ def test_batch_is_per_data_parallel_rank_before_spawn() -> None:
 @pytest.mark.parametrize(
     "extra, key",
     [
-        ({"zero_optimization": {"stage": 3}}, "zero_optimization.stage 3"),
-        ({"pipeline_parallelism": {"num_stages": 2}}, "pipeline_parallelism.num_stages"),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}},
+         "offload_param needs zero_optimization.stage 3, which runs as stage 2"),
         ({"tensor_parallel": {"autotp_size": 2, "vocab_parallel_lm_head": True}},
          "tensor_parallel.vocab_parallel_lm_head"),
         ({"tensor_parallel": {"autotp_size": 2, "dtype": "bf16"}}, "tensor_parallel.dtype"),

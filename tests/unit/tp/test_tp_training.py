@@ -47,11 +47,20 @@ def two_ranks() -> list[list[dict]]:
         ("gpt2", 1, 2),
         ("llama", 1, 2, 0.0, "fp32", True),  # tp_model_init + set_autotp_mode, no config key
         ("gpt2", 2, 2, 1.0, "bf16"),
+        ("llama_tied", 1, 2),  # embedding and head share a weight: cut once, by vocabulary
     ]
     return run_ranks(tp_runs.scenarios, 2, cases, timeout=400)
 
 
-CASES = ["llama-z0", "llama-z1", "llama-z2-clip", "gpt2-z1", "llama-tp_model_init", "gpt2-z2-bf16"]
+CASES = [
+    "llama-z0",
+    "llama-z1",
+    "llama-z2-clip",
+    "gpt2-z1",
+    "llama-tp_model_init",
+    "gpt2-z2-bf16",
+    "llama_tied-z1",
+]
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=CASES)
@@ -67,11 +76,15 @@ def test_llama_slices_follow_the_models_plan(two_ranks: list[list[dict]]) -> Non
                  "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):  # fmt: skip
         assert f"{layer}{proj}.weight" in sliced
     assert "lm_head.weight" in sliced  # colwise_gather_output in the model's _tp_plan
-    assert "model.embed_tokens.weight" not in sliced  # no vocabulary-parallel embedding
+    assert "model.embed_tokens.weight" in sliced  # embedding_rowwise: vocabulary-parallel
     assert "model.norm.weight" not in sliced
     shapes = two_ranks[0][0]["local_shapes"]
     assert shapes[f"{layer}self_attn.k_proj.weight"] == (8, 32)  # 1 of 2 kv heads of 8
     assert shapes[f"{layer}self_attn.o_proj.weight"] == (32, 16)  # row: input features cut
+    assert shapes["model.embed_tokens.weight"] == (32, 32)  # 64 vocabulary rows / 2
+    tied = two_ranks[0][6]
+    assert "model.embed_tokens.weight" in tied["sliced"]  # the head's weight too (tied)
+    assert tied["local_shapes"]["model.embed_tokens.weight"] == (32, 32)
 
 
 def test_gpt2_tied_head_stays_whole(two_ranks: list[list[dict]]) -> None:

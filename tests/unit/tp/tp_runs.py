@@ -15,7 +15,7 @@ SEQ = 8
 VOCAB = 64
 
 
-def llama(seed: int = 0, kv_heads: int = 2) -> torch.nn.Module:
+def llama(seed: int = 0, kv_heads: int = 2, tied: bool = False) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -27,10 +27,14 @@ def llama(seed: int = 0, kv_heads: int = 2) -> torch.nn.Module:
         num_attention_heads=4,
         num_key_value_heads=kv_heads,
         max_position_embeddings=32,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         attn_implementation="eager",
     )
     return LlamaForCausalLM(cfg)
+
+
+def llama_tied(seed: int = 0) -> torch.nn.Module:
+    return llama(seed, tied=True)
 
 
 def gpt2(seed: int = 0) -> torch.nn.Module:
@@ -51,7 +55,7 @@ def gpt2(seed: int = 0) -> torch.nn.Module:
     return GPT2LMHeadModel(cfg)
 
 
-MODELS = {"llama": llama, "gpt2": gpt2}
+MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied}
 
 
 def tokens(step: int, dp_rank: int) -> torch.Tensor:
