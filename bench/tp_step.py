@@ -8,8 +8,8 @@ Each contender is a 2-rank job of bench/peers/tp_step_worker.py under torch.dist
 (upstream's from a temp cwd with its venv's python, DS_ACCELERATOR=cpu); contenders alternate
 over --rounds rounds, medians over rounds. Per contender: step time (rank 0, between
 barriers), per-rank steady peak resident memory (VmHWM after the warmup), and the parameter
-bytes each rank holds against the formula: sliced weights (q, k, v, o, gate, up, down,
-lm_head) / tp + replicated (embeddings, norms), fp32.
+bytes each rank holds against the formula of ours: sliced weights (q, k, v, o, gate, up,
+down, lm_head, the embedding) / tp + replicated (norms), fp32.
 Goal (the issue): ours at TP 2 >= 1.2x upstream's TP 2 step rate at <= its memory; held
 parameter bytes within 10% of the formula.
 
@@ -41,8 +41,10 @@ SMOKE = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "voca
 def formula_mb(m: dict[str, int], tp: int) -> float:
     h, kv = m["hidden"], m["kv_heads"] * (m["hidden"] // m["heads"])
     per_layer = 2 * h * h + 2 * h * kv + 3 * h * m["ffn"]
-    sliced = m["layers"] * per_layer + m["vocab"] * h  # + lm_head (the model's tp_plan)
-    replicated = m["vocab"] * h + (2 * m["layers"] + 1) * h
+    # lm_head and the embedding are cut too (the model's tp_plan: colwise_gather_output,
+    # embedding_rowwise); the norms stay whole
+    sliced = m["layers"] * per_layer + 2 * m["vocab"] * h
+    replicated = (2 * m["layers"] + 1) * h
     return 4 * (sliced / tp + replicated) / 2**20
 
 
