@@ -10,11 +10,14 @@ from deepspeed_ext.zero.stage3 import (
     unregister_external_parameter,
     unwrap_model_for_generation,
 )
+from deepspeed_ext.zero.tiling import TiledLinear, TiledLinearReturnBias
 
 __all__ = [
     "GatheredParameters",
     "Init",
     "OnDevice",
+    "TiledLinear",
+    "TiledLinearReturnBias",
     "ZeroParamStatus",
     "ZeroParamType",
     "register_external_parameter",
