@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("kill_soak.py", ["--smoke"], "kill_soak_smoke.json"),  # seven 2-rank jobs, ~35 s
         ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
         ("activation_checkpointing.py", ["--smoke"], "activation_checkpointing_smoke.json"),
+        ("tp_step.py", ["--smoke"], "tp_step_smoke.json"),  # two 2-rank jobs, ~15 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -112,6 +113,13 @@ def test_bench_smoke(script, args, result, tmp_path):
         # bytes, not time: per-block checkpoints keep only the block inputs
         assert rows["ours full"]["activation_cut"] > 0.6, rows["ours full"]
         assert rows["ours full"]["autograd_saved_mb"] == rows["torch full"]["autograd_saved_mb"]
+    elif result == "tp_step_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        assert not data["failures"], data["failures"]
+        for name in ("ours tp2", "ours tp1"):
+            assert data["summary"][name]["step_s"] > 0, data["summary"]
+        # bytes, not time: each rank holds its slices and the replicated weights, exactly
+        assert data["ratios"]["ours tp2 held/formula"] == 1.0, data["ratios"]
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]
