@@ -15,14 +15,7 @@ from typing import Any
 
 import torch
 
-
-def parts(num_items: int, num_parts: int) -> list[int]:
-    """Boundaries of num_parts near-equal runs of num_items (num_parts + 1 entries)."""
-    base, extra = divmod(num_items, num_parts)
-    out = [0]
-    for i in range(num_parts):
-        out.append(out[-1] + base + (1 if i < extra else 0))
-    return out
+from deepspeed_ext.utils.splits import partition_uniform as parts
 
 
 class TiledLinear(torch.nn.Module):

@@ -15,16 +15,9 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.utils.splits import partition_uniform
+
 from .spec import LayerSpec
-
-
-def partition_uniform(num_items: int, num_parts: int) -> list[int]:
-    """Layer counts as equal as they can be; the first stages take the remainder."""
-    chunk, extra = divmod(num_items, num_parts)
-    parts = [0]
-    for p in range(num_parts):
-        parts.append(parts[-1] + chunk + (1 if p < extra else 0))
-    return parts
 
 
 def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:

@@ -2,11 +2,12 @@
 launcher) and tracks the same Trainer run without DeepSpeed, step by step.
 
 What makes the two runs comparable: the same global batch (2 ranks x 2 per device x 2 accum
-vs 1 process x 4 x 2; with AutoTP over both ranks, 1 replica x 4 x 2) drawn in the same order (accelerate's seeded sampler hands rank r the
-micro-batches r, r+2, ... of the one-process order), dropout off, the loss normalised by the
-tokens of the whole global batch in both, the same AdamW weight-decay groups and linear schedule
-(the Trainer's own, unless a run asks for DeepSpeed's), and gradient clipping at 1.0 on the
-global norm. Every configuration runs once (runs.py); its tests share that run.
+vs 1 process x 4 x 2; with AutoTP over both ranks, 1 replica x 4 x 2) drawn in the same order
+(accelerate's seeded sampler hands rank r the micro-batches r, r+2, ... of the one-process
+order), dropout off, the loss normalised by the tokens of the whole global batch in both, the
+same AdamW weight-decay groups and linear schedule (the Trainer's own, unless a run asks for
+DeepSpeed's), and gradient clipping at 1.0 on the global norm. Every configuration runs once
+(runs.py); its tests share that run.
 """
 
 from __future__ import annotations
