@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext import comm, tp
+from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
@@ -84,13 +84,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         self.autotp = tensor_parallel.slice_for_engine(
             self.module, config, autotp_size, self.layout.tensor
         )
-        # [Note: AutoTP in the engine]: replicated weights count once in the norm (the
-        # tensor group's first rank has them); sliced ones add up over the tensor group
-        self._norm_axis = tensor_parallel.norm_axis(self.module, self.layout)
-        sums_slices = self._norm_axis is self.layout.model and self.layout.tensor.rank > 0
-        replicated = tp.replicated_params(self.module) if sums_slices else []
-        # (a pipeline's tied copies on other stages take themselves away already)
-        self._tp_replicated = [p for p in replicated if not getattr(p, "ds_pipe_replicated", 0)]
+        # [Note: AutoTP in the engine]: the norm's group, and what this rank takes away
+        self._norm_axis, self._tp_replicated = tensor_parallel.norm_parts(self.module, self.layout)
         if config.fp16.enabled:
             self.module.half()
         elif config.bf16.enabled:
@@ -418,16 +413,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
         """The model-states file to load, as the strategy reads it; from a checkpoint saved
         at another tensor-parallel size, this rank's cut of it ([Note: AutoTP checkpoints])."""
-        self._ckpt_first: dict[str, Any] | None = None
-        if self.layout.tensor.size > 1 and not path.exists():
-            path = ckpt_dir / ckpt.model_states_name(0)  # saved with fewer slices
-        state = ckpt.load_state_file(path)
-        if ckpt.tensor_slices.saved_size(state) == self.layout.tensor.size:
-            return state
-        first = state if path.name == ckpt.model_states_name(0) else None
-        first = first or ckpt.load_state_file(ckpt_dir / ckpt.model_states_name(0))
-        self._ckpt_first = first
-        return ckpt.tensor_slices.state_for_load(self, ckpt_dir, first)
+        state, self._ckpt_first = ckpt.tensor_slices.state_to_load(self, ckpt_dir, path)
+        return state
 
     def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
         first = getattr(self, "_ckpt_first", None)

@@ -214,6 +214,19 @@ def norm_axis(module: torch.nn.Module, lay: ParallelLayout) -> AxisGroup:
     return lay.model if flag.item() else lay.pipe
 
 
+def norm_parts(
+    module: torch.nn.Module, lay: ParallelLayout
+) -> tuple[AxisGroup, list[torch.nn.Parameter]]:
+    """(the group the norm's sum runs over after the data group, the params whose squares
+    this rank takes away): replicated weights count once, on the tensor group's first rank;
+    a pipeline's tied copies on other stages take themselves away already."""
+    axis = norm_axis(module, lay)
+    if axis is not lay.model or lay.tensor.rank == 0:
+        return axis, []
+    replicated = tp.replicated_params(module)
+    return axis, [p for p in replicated if not getattr(p, "ds_pipe_replicated", False)]
+
+
 def replicated_grad_sq(
     strategy: Any, params: list[torch.nn.Parameter], data: AxisGroup, device: torch.device
 ) -> torch.Tensor:

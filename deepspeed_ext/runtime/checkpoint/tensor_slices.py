@@ -67,6 +67,22 @@ def _saved_states(ckpt_dir: Path, first: dict[str, Any]) -> list[dict[str, Any]]
     ]
 
 
+def state_to_load(
+    engine: Any, ckpt_dir: Path, path: Path
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the model-states dict for this rank, the saved mp_rank_00 file when the checkpoint
+    was saved at another tensor-parallel size, else None)."""
+    here = engine.layout.tensor.size
+    if here > 1 and not path.exists():
+        path = ckpt_dir / model_states_name(0)  # saved with fewer slices
+    state = load_state_file(path)
+    if saved_size(state) == here:
+        return state, None
+    first = state if path.name == model_states_name(0) else None
+    first = first or load_state_file(ckpt_dir / model_states_name(0))
+    return state_for_load(engine, ckpt_dir, first), first
+
+
 def state_for_load(engine: Any, ckpt_dir: Path, first: dict[str, Any]) -> dict[str, Any]:
     """The model-states dict for this rank from a checkpoint saved at another tensor-parallel
     size (`first`: the saved mp_rank_00 file): its module made whole and cut for this rank."""
