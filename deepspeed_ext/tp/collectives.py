@@ -10,6 +10,7 @@ backward keeps this rank's part).
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -57,8 +58,23 @@ class _GatherFrom(torch.autograd.Function):
         return grad.narrow(-1, ctx.axis.rank * width, width).contiguous(), None
 
 
+# the last copy_to per tensor group: (the input, its version, the output)
+_last: dict[int, tuple[weakref.ref[torch.Tensor], int, torch.Tensor]] = {}
+
+
 def copy_to(x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
-    return _CopyTo.apply(x, axis) if axis.size > 1 else x
+    """Several column-parallel layers reading one input (q, k and v; gate and up) share one
+    copy_to output, so their input gradients are summed by autograd first and the group
+    all-reduces once instead of once per layer."""
+    if axis.size == 1:
+        return x
+    last = _last.get(id(axis))
+    if last is not None and last[0]() is x and last[1] == x._version:
+        return last[2]
+    out = _CopyTo.apply(x, axis)
+    if torch.is_grad_enabled():
+        _last[id(axis)] = (weakref.ref(x), x._version, out)
+    return out
 
 
 def reduce_from(x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
