@@ -108,7 +108,8 @@ def test_tp2_dp2_on_four_ranks() -> None:
 
 def test_errors_name_the_layer_and_key() -> None:
     out = run_ranks(tp_runs.expect_error_cases, 2, timeout=300)
-    heads, world = out[0]
+    heads, world, copies = out[0]
+    assert copies == 2 * 2 + 1  # per layer: attention input, MLP input; then lm_head
     assert (
         "model.layers.0.self_attn.k_proj.weight" in heads and "1 attention head cannot" in heads
     ), heads

@@ -194,8 +194,34 @@ def expect_error(name: str, tp: int, kv_heads: int = 2) -> str:
     return "no error"
 
 
-def expect_error_cases() -> list[str]:
-    return [expect_error("llama", 2, kv_heads=1), expect_error("llama", 4)]
+def copy_to_calls() -> int:
+    """How many input all-reduces (copy_to applications) one forward of the sliced 2-layer
+    Llama sets up: q/k/v share one, gate/up share one, lm_head has its own."""
+    import deepspeed
+    from deepspeed_ext.tp import collectives
+
+    config = {"train_micro_batch_size_per_gpu": MICRO, "tensor_parallel": {"autotp_size": 2}}
+    engine, *_ = deepspeed.initialize(model=llama(), config=config)
+    calls = 0
+    real = collectives._CopyTo.apply
+
+    def counting(*args: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        return real(*args)
+
+    collectives._CopyTo.apply = counting  # type: ignore[method-assign]
+    try:
+        ids = tokens(0, 0)
+        engine(input_ids=ids, labels=ids)
+    finally:
+        collectives._CopyTo.apply = real  # type: ignore[method-assign]
+    engine.destroy()
+    return calls
+
+
+def expect_error_cases() -> list[Any]:
+    return [expect_error("llama", 2, kv_heads=1), expect_error("llama", 4), copy_to_calls()]
 
 
 def replicas_stay_identical() -> float:
