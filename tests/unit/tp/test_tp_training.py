@@ -96,8 +96,10 @@ def test_gpt2_tied_head_stays_whole(two_ranks: list[list[dict]]) -> None:
 
 
 def test_tp2_dp2_on_four_ranks() -> None:
-    """TP 2 x DP 2: ZeRO 1 and 2 over the data groups, the global batch of both replicas."""
-    out = run_ranks(tp_runs.scenarios, 4, [("llama", 1, 2), ("llama", 2, 2, 0.5)], timeout=400)
+    """TP 2 x DP 2: ZeRO 1 and 2 over the data groups, the global batch of both replicas
+    (Llama; GPT-2's fused Conv1D q/k/v at ZeRO 2)."""
+    cases = [("llama", 1, 2), ("llama", 2, 2, 0.5), ("gpt2", 2, 2)]
+    out = run_ranks(tp_runs.scenarios, 4, cases, timeout=400)
     seen = set()
     for rank_results in out:
         for result in rank_results:
