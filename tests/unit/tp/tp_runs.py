@@ -56,6 +56,7 @@ def gpt2(seed: int = 0) -> torch.nn.Module:
 
 
 MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def tokens(step: int, dp_rank: int) -> torch.Tensor:
@@ -125,11 +126,13 @@ def train(
     }
     if precision == "bf16":
         config["bf16"] = {"enabled": True}
+    elif precision == "fp16":  # a small first scale: no overflow-skipped steps to compare
+        config["fp16"] = {"enabled": True, "initial_scale_power": 8}
     model = MODELS[name]()
     if via_init:
         del config["tensor_parallel"]
         deepspeed.set_autotp_mode(training=True)
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        dtype = DTYPES[precision]
         model = deepspeed.tp_model_init(model, tp_size=tp, dtype=dtype)
     full = {n: tuple(p.shape) for n, p in model.named_parameters()}
     engine, *_ = deepspeed.initialize(model=model, config=config)
@@ -152,9 +155,7 @@ def train(
         comm.all_reduce(t, group=engine.layout.data)
         mean_losses.append(float(t) / dp)
     weights = full_weights(engine)
-    ref_losses, ref_norms, ref_weights = reference(
-        name, dp, clip, dtype=torch.bfloat16 if precision == "bf16" else torch.float32
-    )
+    ref_losses, ref_norms, ref_weights = reference(name, dp, clip, dtype=DTYPES[precision])
     errs = {k: float((weights[k] - ref_weights[k]).abs().max()) for k in weights}
     sliced = sorted(n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice"))
     engine.destroy()
