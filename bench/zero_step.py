@@ -30,6 +30,7 @@ and 1-thread GEMM at the MLP's shape (model FLOPs per step over it).
 
     python bench/zero_step.py                        # full run -> bench/results/zero_step.json
     python bench/zero_step.py --smoke --no-upstream  # tiny model, one round of a few steps
+    python bench/zero_step.py --ranks 4              # -> bench/results/zero_step_4ranks.json
 """
 
 from __future__ import annotations
@@ -348,7 +349,8 @@ def main() -> int:
         "busy_warning": warning,
         "wall_s": wall,
     }
-    return finish("zero_step", payload, contenders, args.smoke)
+    name = "zero_step" if args.ranks == 2 else f"zero_step_{args.ranks}ranks"
+    return finish(name, payload, contenders, args.smoke)
 
 
 if __name__ == "__main__":
