@@ -39,6 +39,7 @@ Limits measured here as in zero_step: 1-thread copy bandwidth and GEMM at the ML
     python bench/zero3_step.py                        # full run -> bench/results/zero3_step.json
                                                       # (28 jobs of 17-37 s: ~11 min here)
     python bench/zero3_step.py --smoke --no-upstream  # tiny model, one round of a few steps
+    python bench/zero3_step.py --ranks 4              # -> bench/results/zero3_step_4ranks.json
 """
 
 from __future__ import annotations
@@ -368,7 +369,8 @@ def main() -> int:
         "busy_warning": warning,
         "wall_s": wall,
     }
-    return finish("zero3_step", payload, contenders, args.smoke)
+    name = "zero3_step" if args.ranks == 2 else f"zero3_step_{args.ranks}ranks"
+    return finish(name, payload, contenders, args.smoke)
 
 
 if __name__ == "__main__":
