@@ -39,18 +39,13 @@ from deepspeed_ext.zero.norms import sum_of_squares
 _KEY = "tensor_parallel.autotp_size"
 
 
-_MODE = {"training": False}
-
-
 def set_autotp_mode(training: bool = False) -> None:
-    """Upstream's `deepspeed.module_inject.set_autotp_mode`: training AutoTP is what runs
-    here, applied by deepspeed.initialize from the config or tp_model_init, so the mode is
-    recorded for `autotp_training_mode()` and changes nothing else."""
-    _MODE["training"] = bool(training)
-
-
-def autotp_training_mode() -> bool:
-    return _MODE["training"]
+    """Upstream's `deepspeed.module_inject.set_autotp_mode`: its switch between AutoTP for
+    inference and for training. Here AutoTP is the training kind, applied by
+    deepspeed.initialize from the config or tp_model_init, so there is nothing to switch;
+    the call stays valid so upstream training scripts run unchanged."""
+    if not isinstance(training, bool):
+        raise TypeError(f"set_autotp_mode(training=...) takes a bool, got {training!r}")
 
 
 def tp_model_init(
