@@ -413,13 +413,13 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
         """The model-states file to load, as the strategy reads it; from a checkpoint saved
         at another tensor-parallel size, this rank's cut of it ([Note: AutoTP checkpoints])."""
-        state, self._ckpt_first = ckpt.tensor_slices.state_to_load(self, ckpt_dir, path)
+        state, self._ckpt_saved = ckpt.tensor_slices.state_to_load(self, ckpt_dir, path)
         return state
 
     def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
-        first = getattr(self, "_ckpt_first", None)
-        if first is not None:
-            ckpt.tensor_slices.load_optimizer(self, files.where, first, ckpt.RankFileReader)
+        saved = getattr(self, "_ckpt_saved", None)
+        if saved is not None:  # saved at another tensor-parallel size
+            ckpt.tensor_slices.load_optimizer(self, files.where, saved, ckpt.RankFileReader)
             return
         self.strategy.load_optimizer_state(self.optimizer, state, files)
 

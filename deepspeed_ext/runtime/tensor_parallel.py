@@ -94,12 +94,18 @@ def tp_size(config: Any, model: Any) -> int:
             f"{_KEY} is {size} but deepspeed.tp_model_init(tp_size={rec['tp_size']}) was "
             "called on the model; make them equal or drop one"
         )
-    want = torch.float16 if config.fp16.enabled else torch.bfloat16 if config.bf16.enabled else None
+    want = (
+        torch.float16
+        if config.fp16.enabled
+        else torch.bfloat16
+        if config.bf16.enabled
+        else torch.float32
+    )
     dtype = rec.get("dtype")
-    if dtype is not None and dtype != (want or torch.float32):
+    if dtype is not None and dtype != want:
         raise ValueError(
-            f"deepspeed.tp_model_init(dtype={dtype}) but the config trains in "
-            f"{want or torch.float32} (fp16 / bf16 sections): make them agree"
+            f"deepspeed.tp_model_init(dtype={dtype}) but the config trains in {want} "
+            "(fp16 / bf16 sections): make them agree"
         )
     return max(size, rec["tp_size"])
 
@@ -110,8 +116,8 @@ def check_rules(config: Any) -> None:
     cfg = config.tensor_parallel
     if cfg.partition_config is not None:
         tp.plan.from_partition_config(cfg.partition_config)
-    if cfg.preset_model is not None and cfg.preset_model not in tp.PRESETS:
-        tp.plan.choose(None, None, cfg.preset_model)  # raises, listing the presets
+    if cfg.preset_model is not None:
+        tp.plan.preset_rules(cfg.preset_model)  # an unknown name raises, listing the presets
 
 
 def layout(mpu: Any, size: int, model: Any) -> ParallelLayout:

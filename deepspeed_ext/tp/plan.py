@@ -71,7 +71,7 @@ def _llama_like(name: str) -> list[LayerRule]:
     ]
 
 
-def _preset(name: str) -> list[LayerRule]:
+def preset_rules(name: str) -> list[LayerRule]:
     src = f"preset {name}"
     if name in ("llama", "qwen2", "mistral", "gemma", "gemma2", "qwen3"):
         return _llama_like(name)
@@ -263,12 +263,12 @@ def choose(
         if use_default:
             name = preset or model_type
             if name in PRESETS:
-                rules += _preset(name)
+                rules += preset_rules(name)
             elif preset is None:
                 rules += HEURISTICS
         return rules
     if preset is not None:
-        return _preset(preset)
+        return preset_rules(preset)
     hf = from_hf_plan(model)
     if hf is not None:
         return hf

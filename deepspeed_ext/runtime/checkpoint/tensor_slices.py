@@ -61,33 +61,38 @@ def _mine(name: str, whole: torch.Tensor, module_params: dict[str, Any]) -> torc
     return local.reshape(-1) if whole.dim() == 1 else local
 
 
-def _saved_states(ckpt_dir: Path, first: dict[str, Any]) -> list[dict[str, Any]]:
-    return [first] + [
-        load_state_file(ckpt_dir / model_states_name(k)) for k in range(1, saved_size(first))
+def _saved_states(ckpt_dir: Path, read: dict[str, Any], read_name: str) -> list[dict[str, Any]]:
+    """Every saved model-parallel rank's model-states file, in rank order; `read` (the file
+    named `read_name`) is not read again."""
+    return [
+        read
+        if model_states_name(k) == read_name
+        else load_state_file(ckpt_dir / model_states_name(k))
+        for k in range(saved_size(read))
     ]
 
 
 def state_to_load(
     engine: Any, ckpt_dir: Path, path: Path
-) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the model-states dict for this rank, the saved mp_rank_00 file when the checkpoint
-    was saved at another tensor-parallel size, else None)."""
+) -> tuple[dict[str, Any], list[dict[str, Any]] | None]:
+    """(the model-states dict for this rank, every saved rank's model-states file when the
+    checkpoint was saved at another tensor-parallel size, else None). Each file is read
+    once; load_optimizer takes the list."""
     here = engine.layout.tensor.size
     if here > 1 and not path.exists():
         path = ckpt_dir / model_states_name(0)  # saved with fewer slices
     state = load_state_file(path)
     if saved_size(state) == here:
         return state, None
-    first = state if path.name == model_states_name(0) else None
-    first = first or load_state_file(ckpt_dir / model_states_name(0))
-    return state_for_load(engine, ckpt_dir, first), first
+    saved = _saved_states(ckpt_dir, state, path.name)
+    return state_for_load(engine, saved), saved
 
 
-def state_for_load(engine: Any, ckpt_dir: Path, first: dict[str, Any]) -> dict[str, Any]:
+def state_for_load(engine: Any, saved: list[dict[str, Any]]) -> dict[str, Any]:
     """The model-states dict for this rank from a checkpoint saved at another tensor-parallel
-    size (`first`: the saved mp_rank_00 file): its module made whole and cut for this rank."""
+    size (`saved`: every saved rank's file): its module made whole and cut for this rank."""
+    first = saved[0]
     table = _table(first)
-    saved = _saved_states(ckpt_dir, first)
     params = dict(engine.module.named_parameters())
     module = {}
     for name in first["module"]:
@@ -96,13 +101,14 @@ def state_for_load(engine: Any, ckpt_dir: Path, first: dict[str, Any]) -> dict[s
     return {**first, "module": module}
 
 
-def load_optimizer(engine: Any, ckpt_dir: Path, first: dict[str, Any], reader: Any) -> None:
-    """Optimizer state and masters by name from every saved rank, re-cut for this one.
-    reader(dir, mp_rank): the ZeRO rank files of a saved model-parallel rank."""
+def load_optimizer(engine: Any, ckpt_dir: Path, saved: list[dict[str, Any]], reader: Any) -> None:
+    """Optimizer state and masters by name from every saved rank (`saved`: their
+    model-states files), re-cut for this one. reader(dir, mp_rank): the ZeRO rank files of a
+    saved model-parallel rank."""
     stage = engine.zero_optimization_stage()
-    table = _table(first)
+    table = _table(saved[0])
     per_rank = []
-    for k, state in enumerate(_saved_states(ckpt_dir, first)):
+    for k, state in enumerate(saved):
         if int(state.get("zero_stage") or 0) != stage:
             raise CheckpointError(
                 f"{ckpt_dir} was written with zero_optimization.stage {state.get('zero_stage')} "

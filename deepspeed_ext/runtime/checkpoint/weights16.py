@@ -33,9 +33,9 @@ def consolidated_state_dict(
     gather = getattr(engine.strategy, "gathered_state_dict", None)
     if gather is not None:
         return gather(exclude_frozen_parameters)
-    sliced = getattr(engine, "autotp", None) is not None
-    # tensor slicing: every rank of a tensor group sends its slices (whole weights, as a
-    # plain model loads them); rank 0's group is the one that keeps them
+    # tensor slicing: the slices are gathered whole (as a plain model loads them) by the
+    # tensor groups of data-parallel rank 0 (rank 0's among them); the others hold copies
+    sliced = getattr(engine, "autotp", None) is not None and engine.layout.data.rank == 0
     sd = tp.full_state_dict(engine.module, engine.layout.tensor) if sliced else None
     if comm.get_rank() != 0:
         return None
