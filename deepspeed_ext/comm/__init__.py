@@ -26,6 +26,7 @@ from .init import (
     get_world_size,
     init_distributed,
     is_initialized,
+    release_at_exit,
 )
 from .layout import (
     AxisGroup,
@@ -77,6 +78,7 @@ __all__ = [
     "free_port",
     "get_backend",
     "get_local_rank",
+    "release_at_exit",
     "get_rank",
     "get_world_size",
     "init_distributed",

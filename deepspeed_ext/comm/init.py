@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import datetime
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -14,6 +15,15 @@ from deepspeed_ext.utils.logging import logger
 from .env import DistEnv, discover
 
 _env: DistEnv | None = None
+# Callbacks that drop module-level references to process groups held above comm (a
+# layer's cache), run at exit before the groups are destroyed ([Note: clean exit]).
+_release_at_exit: list[Callable[[], None]] = []
+
+
+def release_at_exit(fn: Callable[[], None]) -> None:
+    """Call fn at exit before the process groups are destroyed, so a group it lets go of is
+    freed then, not left to interpreter teardown."""
+    _release_at_exit.append(fn)
 
 
 def init_distributed(
@@ -101,6 +111,8 @@ def _destroy_at_exit() -> None:
     # Sub-groups a user object still holds (an engine's layout) live on until it is freed.
     from . import layout
 
+    for release in _release_at_exit:
+        release()
     layout.forget_groups()
     if dist.is_initialized():
         try:

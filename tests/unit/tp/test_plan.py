@@ -152,3 +152,16 @@ def test_tp_model_init_records_and_must_agree_with_the_config() -> None:
         tensor_parallel.tp_size(bf16, model)
     with pytest.raises(ValueError, match="tp_size must be a positive integer"):
         deepspeed.tp_model_init(torch.nn.Linear(2, 2), tp_size=0, dtype=None)
+
+
+def test_the_copy_to_cache_is_dropped_before_the_groups_at_exit() -> None:
+    """The shared copy_to output pins its tensor group (through its autograd node): the
+    exit handler must drop it before destroying the groups, or gloo's threads reach
+    interpreter teardown (a finished AutoTP job exited 134)."""
+    from deepspeed_ext.comm import init
+    from deepspeed_ext.tp import collectives
+
+    assert collectives._last.clear in init._release_at_exit
+    collectives._last[0] = (None, 0, torch.zeros(1))  # type: ignore[assignment]
+    init._destroy_at_exit()  # no process group here: only the releases and forget_groups
+    assert collectives._last == {}
