@@ -18,6 +18,10 @@ class Accelerator(abc.ABC):
     def device_name(self, device_index: int | None = None) -> str:
         return self._name if device_index is None else f"{self._name}:{device_index}"
 
+    def product_name(self, device_index: int | None = None) -> str:
+        """The hardware's own name (e.g. "NVIDIA H100 80GB HBM3"), for reports."""
+        return self._name
+
     def communication_backend_name(self) -> str:
         return self._communication_backend_name
 

@@ -20,6 +20,9 @@ class CUDAAccelerator(Accelerator):
     def device_count(self) -> int:
         return torch.cuda.device_count()
 
+    def product_name(self, device_index: int | None = None) -> str:
+        return str(torch.cuda.get_device_name(device_index))
+
     def current_device(self) -> int:
         return torch.cuda.current_device()
 

@@ -50,7 +50,6 @@ REFUSED: dict[str, Rule] = {
     "comet": Rule("the Comet monitor is not built yet; use csv_monitor or jsonl_monitor"),
     "wandb": Rule("the W&B monitor is not built yet; use csv_monitor or jsonl_monitor"),
     "comms_logger": Rule(f"the communication logger {_OBS}"),
-    "flops_profiler": Rule(f"the FLOPs profiler {_OBS}"),
     "compile": Rule(f"DeepCompile {_UNBUILT}"),
     "compression_training": Rule(f"compression training {_UNBUILT}"),
     "curriculum_learning": Rule(f"curriculum learning {_UNBUILT}"),
@@ -178,6 +177,9 @@ NOTED: dict[str, Rule] = {
     "checkpoint.parallel_write": Rule(_SPEED),
     "checkpoint.checkpoint_serialization": Rule("checkpoints always use torch's zip format"),
     "checkpoint.writer": Rule(_SPEED),
+    "flops_profiler.recompute_fwd_factor": Rule(
+        "the backward is counted as it runs, recomputed forwards included"
+    ),
     "pipeline.pipe_partitioned": Rule(f"partitioned pipeline activations {_UNBUILT}"),
     "pipeline.grad_partitioned": Rule(f"partitioned pipeline gradients {_UNBUILT}"),
 }

@@ -6,8 +6,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 from .memory import MemoryBreakdown
+
+
+class PhaseWatcher(Protocol):
+    """Something else that runs around each phase (the FLOPs profiler's step)."""
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[Any]: ...
 
 
 class PhaseTimers:
@@ -16,8 +23,10 @@ class PhaseTimers:
         enabled: bool,
         synchronize: Callable[[], None],
         memory: MemoryBreakdown | None = None,
+        watchers: list[PhaseWatcher] | None = None,
     ) -> None:
         self.enabled = enabled
+        self.watchers = watchers or []
         self.memory = memory if memory is not None and memory.enabled else None
         self.synchronize = synchronize  # device work must finish inside the phase it belongs to
         self.totals: dict[str, float] = {}
@@ -27,8 +36,11 @@ class PhaseTimers:
         if self.memory is not None:
             self.memory.begin(name)
         try:
-            with self._timed(name):
-                yield
+            with contextlib.ExitStack() as stack:
+                for w in self.watchers:
+                    stack.enter_context(w.phase(name))
+                with self._timed(name):
+                    yield
         finally:
             if self.memory is not None:
                 self.memory.end(name)

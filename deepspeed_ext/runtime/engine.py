@@ -19,6 +19,7 @@ from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
+from deepspeed_ext.monitor.flops_profiler.step import StepProfile
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
@@ -131,10 +132,16 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             if training_data is not None
             else None
         )
+        self.flops_profile = StepProfile(
+            config.flops_profiler, self.module, self, lambda: self.global_steps, self.rank == 0
+        )
+        self.flops_profiler = self.flops_profile.profiler  # upstream's attribute
         self.timers = PhaseTimers(
-            bool(config.wall_clock_breakdown),
+            # upstream's rule: the FLOPs profiler turns the wall-clock breakdown on
+            bool(config.wall_clock_breakdown or config.flops_profiler.enabled),
             acc.synchronize,
             MemoryBreakdown(bool(config.memory_breakdown), acc),
+            watchers=[self.flops_profile],
         )
         self.metrics = StepMetrics(
             config.steps_per_print,

@@ -22,6 +22,8 @@ SURFACE = {
         "zero",
     ],
     "deepspeed.pt_model": ["DeepSpeedModel"],
+    "deepspeed.profiling.flops_profiler": ["FlopsProfiler", "get_model_profile"],
+    "deepspeed.profiling.flops_profiler.profiler": ["FlopsProfiler", "get_model_profile"],
     "deepspeed.runtime.config": ["DeepSpeedConfig"],
     "deepspeed.runtime.zero.config": ["DeepSpeedZeroConfig", "ZeroStageEnum"],
     "deepspeed.runtime.zero.offload_config": [

@@ -104,6 +104,14 @@ def _dense(d: str) -> dict[str, Any]:
         dataloader_drop_last=True,
         prescale_gradients=True,
         checkpoint={"tag_validation": "fail"},
+        flops_profiler={
+            "enabled": True,
+            "profile_step": 1,
+            "module_depth": 1,
+            "top_modules": 2,
+            "detailed": False,
+            "output_file": f"{d}/flops.txt",
+        },
         # checked at initialize even at one rank (sliced only with autotp_size > 1: tests/unit/tp)
         tensor_parallel={
             "preset_model": "llama",

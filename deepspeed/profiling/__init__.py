@@ -1,0 +1,1 @@
+"""`deepspeed.profiling`: the FLOPs profiler under upstream's import path."""
