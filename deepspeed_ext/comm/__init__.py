@@ -17,6 +17,8 @@ from .collectives import (
     group_broadcast,
     new_group,
 )
+from .comms_logging import comms_logger
+from .comms_summary import configure, log_summary
 from .env import DistEnv, discover, free_port
 from .grid import PipelineParallelGrid
 from .init import (
@@ -46,6 +48,9 @@ from .sharded import (
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
+    "comms_logger",
+    "configure",
+    "log_summary",
     "AxisGroup",
     "DistEnv",
     "ParallelLayout",

@@ -11,6 +11,8 @@ import torch.distributed as _td
 
 from deepspeed_ext.accelerator import strict
 
+from .comms_logging import comms_logger, timed_call
+
 _TENSOR_OPS = frozenset(
     "all_reduce broadcast all_gather all_gather_into_tensor all_gather_single reduce_scatter "
     "reduce_scatter_tensor reduce_scatter_single all_to_all_single reduce gather scatter "
@@ -31,6 +33,9 @@ def _checked(name: str, fn: Any) -> Any:
             strict.check_collective(
                 name, list(args) + list(kwargs.values()), not is_host_group(kwargs.get("group"))
             )
+        if comms_logger.wants(name):
+            n = _td.get_world_size(kwargs.get("group")) if _td.is_initialized() else 1
+            return timed_call(name, fn, args, kwargs, n)
         return fn(*args, **kwargs)
 
     return call

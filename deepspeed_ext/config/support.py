@@ -49,7 +49,6 @@ REFUSED: dict[str, Rule] = {
     "autotuning": Rule(f"the autotuner {_UNBUILT}"),
     "comet": Rule("the Comet monitor is not built yet; use csv_monitor or jsonl_monitor"),
     "wandb": Rule("the W&B monitor is not built yet; use csv_monitor or jsonl_monitor"),
-    "comms_logger": Rule(f"the communication logger {_OBS}"),
     "compile": Rule(f"DeepCompile {_UNBUILT}"),
     "compression_training": Rule(f"compression training {_UNBUILT}"),
     "curriculum_learning": Rule(f"curriculum learning {_UNBUILT}"),

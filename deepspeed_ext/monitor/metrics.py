@@ -100,7 +100,7 @@ class StepMetrics:
         if "tokens_per_s" in values:
             parts.append(f"tokens/s {values['tokens_per_s']:.0f}")
         parts.append(f"peak mem {values['peak_mem_gib']:.2f} GiB")
-        parts += [f"{k[:-3].replace('_', ' ')} {v:.1f} ms" for k, v in breakdown.items()]
+        parts += [_column(k, v) for k, v in breakdown.items()]
         parts += [f"{k[:-3].replace('_', ' ')} {v:.0f} MB" for k, v in memory.items()]
         if self.print_line:
             logger.info(" | ".join(parts))
@@ -112,3 +112,11 @@ class StepMetrics:
     def close(self) -> None:
         for w in self.writers:
             w.close()
+
+
+def _column(key: str, value: float) -> str:
+    """`forward_ms` -> `forward 12.3 ms`; `comm_mb` -> `comm 4.0 MB`."""
+    name, _, unit = key.rpartition("_")
+    if unit == "mb":
+        return f"{name.replace('_', ' ')} {value:.3g} MB"
+    return f"{name.replace('_', ' ')} {value:.1f} ms"

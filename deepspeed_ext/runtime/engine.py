@@ -53,6 +53,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     ) -> None:
         super().__init__()
         comm.init_distributed(dist_init_required=dist_init_required, verbose=False)
+        if config.comms_logger.enabled:  # else a configure() the user made stays
+            comm.configure(config)
         self.world_size = comm.get_world_size()
         self.rank = comm.get_rank()
         # [Note: parallel layout]: every data-parallel collective runs over layout.data
@@ -151,7 +153,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             self.timers,
             throughput=bool(config.timers.throughput.enabled),
             synchronize=acc.synchronize if config.timers.throughput.synchronized else None,
-            sources=[activation_checkpointing.take_profile_ms],
+            sources=[activation_checkpointing.take_profile_ms, comm.comms_logger.take_window],
         )
         self.global_steps = 0
         self.global_samples = 0

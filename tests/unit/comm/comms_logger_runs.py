@@ -1,0 +1,74 @@
+"""Rank bodies for test_comms_logger.py (spawned by run_ranks)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def issue_known_collectives() -> dict[str, Any]:
+    import deepspeed
+    from deepspeed_ext import comm
+
+    comm.init_distributed()
+    deepspeed.comm.configure(enabled=True, prof_all=True, verbose=False, debug=False)
+    dev = comm.collective_device(None)
+    x = torch.ones(256, device=dev)  # 1 KiB
+    for _ in range(3):
+        comm.all_reduce(x)
+    out = torch.empty(512, device=dev)
+    for _ in range(2):
+        deepspeed.comm.all_gather_into_tensor(out, x)
+    deepspeed.comm.reduce_scatter_tensor(torch.empty(128, device=dev), x)
+    comm.broadcast(x, src=0)
+    comm.all_reduce(x, async_op=True).wait()
+    logged = comm.comms_logger.summary_rows()
+
+    # only the ops asked for
+    comm.comms_logger.reset_data()
+    deepspeed.comm.configure(prof_all=False, prof_ops=["broadcast"], debug=True)
+    comm.all_reduce(x)
+    comm.broadcast(x, src=0)
+    only = comm.comms_logger.get_operation_names()
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        table = deepspeed.comm.log_summary(show_straggler=True, return_dict=True)
+    deepspeed.comm.configure(enabled=False)
+    comm.comms_logger.reset_data()
+    return {"logged": logged, "only": only, "printed": printed.getvalue(), "table": table}
+
+
+def engine_logs_its_collectives(out_dir: str) -> dict[str, Any]:
+    from deepspeed_ext import comm
+    from deepspeed_ext.runtime.initialize import initialize
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    engine, *_ = initialize(
+        model=model,
+        config={
+            "train_micro_batch_size_per_gpu": 4,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "zero_optimization": {"stage": 1},
+            "steps_per_print": 1,
+            "comms_logger": {"enabled": True},
+            "jsonl_monitor": {"enabled": True, "output_path": out_dir, "job_name": "j"},
+        },
+    )
+    for _ in range(2):
+        engine.backward(engine(torch.randn(4, 16)).square().mean())
+        engine.step()
+    engine.destroy()
+    names = comm.comms_logger.get_operation_names()
+    lines = []
+    path = Path(out_dir) / "j" / "metrics.jsonl"
+    if path.exists():
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+    comm.configure(enabled=False)
+    return {"names": names, "metrics": lines}

@@ -1,0 +1,73 @@
+"""The comms logger counts what was issued, sizes and bandwidths as defined in
+[Note: comms logger], on real gloo ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from deepspeed_ext.comm.comms_logging import (
+    CommsLogger,
+    bus_factor,
+    message_bytes,
+    size_string,
+)
+from tests.helpers.distributed import run_ranks
+
+from . import comms_logger_runs as runs
+
+KIB = 1024
+
+
+def test_message_size_is_the_whole_buffer_and_busbw_follows_nccl_tests() -> None:
+    x = torch.ones(256)
+    assert message_bytes("all_reduce", (x,), {}, 4) == KIB
+    assert message_bytes("all_gather_into_tensor", (torch.empty(1024), x), {}, 4) == 4 * KIB
+    assert message_bytes("all_gather", ([x] * 4, x), {}, 4) == 4 * KIB
+    assert message_bytes("reduce_scatter_tensor", (torch.empty(64), x), {}, 4) == KIB
+    assert message_bytes("gather", (x,), {}, 4) == 4 * KIB
+    assert bus_factor("all_reduce", 4) == 1.5
+    assert bus_factor("all_gather_into_tensor", 4) == 0.75
+    assert bus_factor("broadcast", 4) == 1.0
+    assert bus_factor("all_reduce", 1) == 1.0
+    assert size_string(KIB) == "1 KB" and size_string(3 * 2**20 // 2) == "1.5 MB"
+
+
+def test_bad_settings_name_themselves() -> None:
+    with pytest.raises(TypeError, match=r"unknown setting\(s\) \['prof_everything'\]"):
+        CommsLogger().configure(None, prof_everything=True)
+
+
+def test_two_ranks_log_what_they_issued() -> None:
+    for r in run_ranks(runs.issue_known_collectives, 2, timeout=120):
+        logged = r["logged"]
+        assert {k: {s: v["count"] for s, v in sizes.items()} for k, sizes in logged.items()} == {
+            "all_reduce": {KIB: 4},  # 3 + 1 async, waited on
+            "all_gather_into_tensor": {2 * KIB: 2},
+            "reduce_scatter_tensor": {KIB: 1},
+            "broadcast": {KIB: 1},
+        }
+        for name, sizes in logged.items():
+            for row in sizes.values():
+                assert row["total_latency_ms"] > 0
+                factor = bus_factor(name, 2)
+                assert row["busbw_gbps"] == pytest.approx(row["algbw_gbps"] * factor)
+        # prof_all off, prof_ops=["broadcast"], debug: the caller's name is in the record
+        assert r["only"] == ["broadcast | [Caller Func: issue_known_collectives]"]
+        assert "straggler_ms" in next(iter(r["table"].values()))[KIB]
+    rank0, rank1 = (r["printed"] for r in run_ranks(runs.issue_known_collectives, 2, timeout=120))
+    assert "Comm. Op" in rank0 and "broadcast | [Caller Func" in rank0 and rank1 == ""
+
+
+def test_the_engine_logs_its_gradient_collectives_and_reports_them_per_step(
+    tmp_path: Path,
+) -> None:
+    r0, r1 = run_ranks(runs.engine_logs_its_collectives, 2, str(tmp_path), timeout=120)
+    assert "all_reduce" in r0["names"], r0["names"]  # the gradients' reduction
+    steps = [m for m in r0["metrics"] if "loss" in m]
+    grad_bytes = 4 * (16 * 32 + 32 + 32 * 4 + 4)
+    assert len(steps) == 2
+    assert all(m["comm_ms"] > 0 and m["comm_mb"] * 2**20 >= grad_bytes for m in steps), steps
+    assert r1["names"] == r0["names"]  # every rank logs its own collectives
