@@ -149,7 +149,16 @@ def render(ops: list[dict[str, Any]] | None, env: dict[str, Any], color: bool) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="ds_report", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["run"]:  # ds_report run <dir>: a run's report, not the environment's
+        from deepspeed_ext.monitor.report import main as run_report
+
+        return run_report(argv[1:])
+    ap = argparse.ArgumentParser(
+        prog="ds_report",
+        description=__doc__,
+        epilog="ds_report run <dir>: summarize and plot a run's metrics (ds_report run -h)",
+    )
     ap.add_argument("--json", action="store_true", help="machine-readable output")
     ap.add_argument("--hide_operator_status", action="store_true")
     ap.add_argument("--hide_errors_and_warnings", action="store_true")

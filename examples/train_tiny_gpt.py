@@ -27,7 +27,7 @@ from corpus import CharData, generate  # noqa: E402
 from gpt import GPT, GPTConfig  # noqa: E402
 
 import deepspeed  # noqa: E402
-from deepspeed_ext.utils.png_plot import line_plot  # noqa: E402
+from deepspeed_ext.monitor.report import loss_plot  # noqa: E402
 
 
 def ds_config(args: argparse.Namespace) -> dict:
@@ -49,6 +49,8 @@ def ds_config(args: argparse.Namespace) -> dict:
         },
         "bf16": {"enabled": args.bf16},
         "zero_optimization": {"stage": args.zero_stage},
+        # the metrics as JSON lines: `ds_report run <out>` summarizes and plots them
+        "jsonl_monitor": {"enabled": True, "output_path": args.out, "job_name": "metrics"},
     }
 
 
@@ -119,15 +121,14 @@ def main() -> None:
     engine.save_checkpoint(str(out / "checkpoints"), client_state={"seed": args.seed})
     final_eval = evaluate(engine.module, val)
     if rank == 0:
-        smooth = [
-            sum(losses[max(0, i - 9) : i + 1]) / len(losses[max(0, i - 9) : i + 1])
-            for i in range(len(losses))
-        ]
-        line_plot(str(out / "loss.png"), [losses, smooth])
+        try:
+            plot = f"loss curve {loss_plot(out / 'loss.png', losses, 'tiny GPT: training loss')}"
+        except ImportError:
+            plot = "no loss curve (matplotlib is not installed: pip install matplotlib)"
         print(
             f"done in {time.perf_counter() - t0:.0f} s: held-out loss {first_eval:.3f} -> "
             f"{final_eval:.3f} (uniform guess {math.log(cfg.vocab_size):.3f}); checkpoint in "
-            f"{out / 'checkpoints'}, loss curve {out / 'loss.png'}",
+            f"{out / 'checkpoints'}, {plot}; the run's report: ds_report run {out}",
             flush=True,
         )
         if not final_eval < 0.6 * first_eval:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -98,7 +100,42 @@ def _refused(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return support.refused(cfg)  # [Note: config honesty]
 
 
-CHECKS: tuple[Check, ...] = (_refused, _precision, _offload, _zero_stage, _tensor_parallel)
+# monitor section -> (module it imports, what pip installs)
+_MONITOR_PACKAGES = {
+    "tensorboard": ("tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "comet": ("comet_ml", "comet-ml"),
+}
+
+
+def _installed(module: str) -> bool:
+    if module in sys.modules:
+        return sys.modules[module] is not None  # None: imports of it are blocked
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _monitor_packages(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """A monitor whose package is missing is found here, before any rank starts, not when
+    rank 0 first writes a metric."""
+    return [
+        f"{section}.enabled: the {module} package is not installed; pip install {pip}, or "
+        f"set {section}.enabled to false"
+        for section, (module, pip) in _MONITOR_PACKAGES.items()
+        if getattr(cfg, section).enabled and not _installed(module)
+    ]
+
+
+CHECKS: tuple[Check, ...] = (
+    _refused,
+    _precision,
+    _offload,
+    _zero_stage,
+    _tensor_parallel,
+    _monitor_packages,
+)
 
 
 def consistency(cfg: DeepSpeedConfig) -> list[str]:

@@ -47,8 +47,6 @@ REFUSED: dict[str, Rule] = {
     # whole sections (refused when turned on)
     "amp": Rule("NVIDIA apex AMP is not supported; use fp16 or bf16"),
     "autotuning": Rule(f"the autotuner {_UNBUILT}"),
-    "comet": Rule("the Comet monitor is not built yet; use csv_monitor or jsonl_monitor"),
-    "wandb": Rule("the W&B monitor is not built yet; use csv_monitor or jsonl_monitor"),
     "compile": Rule(f"DeepCompile {_UNBUILT}"),
     "compression_training": Rule(f"compression training {_UNBUILT}"),
     "curriculum_learning": Rule(f"curriculum learning {_UNBUILT}"),

@@ -3,14 +3,25 @@
 from .memory import MemoryBreakdown
 from .metrics import StepMetrics
 from .timers import PhaseTimers
-from .writers import CsvWriter, JsonLinesWriter, TensorBoardWriter, writers_from_config
+from .writers import (
+    CometWriter,
+    CsvWriter,
+    JsonLinesWriter,
+    TensorBoardWriter,
+    WandbWriter,
+    upstream_tag,
+    writers_from_config,
+)
 
 __all__ = [
     "MemoryBreakdown",
     "PhaseTimers",
+    "CometWriter",
     "CsvWriter",
     "JsonLinesWriter",
     "StepMetrics",
     "TensorBoardWriter",
+    "WandbWriter",
+    "upstream_tag",
     "writers_from_config",
 ]

@@ -59,7 +59,12 @@ class StepMetrics:
         self._losses.append(loss)
 
     def on_step(
-        self, step: int, lr: float, loss_scale: float | None, grad_norm: float | None
+        self,
+        step: int,
+        samples: int,
+        lr: float,
+        loss_scale: float | None,
+        grad_norm: float | None,
     ) -> None:
         if not (self.print_line or self.writers):
             self._losses = []  # nobody will read them: do not hold tensors
@@ -105,7 +110,7 @@ class StepMetrics:
         if self.print_line:
             logger.info(" | ".join(parts))
         for w in self.writers:
-            w.write(step, values)
+            w.write(step, samples, values)
         self._t0 = time.perf_counter()
         self._samples, self._tokens, self._losses = 0, 0, []
 

@@ -1,4 +1,12 @@
-"""Metric sinks: JSON lines, CSV, TensorBoard. Each takes (step, {name: value}) records."""
+"""Metric sinks: JSON lines, CSV, TensorBoard, Weights & Biases, Comet.
+
+Each takes (step, samples, {name: value}) records, on rank 0. JSON lines is ours (one line
+per record, step and samples in it, what `ds_report run` reads). The other four keep
+upstream's layout, so dashboards built for upstream's runs read ours: tags
+`Train/Samples/<name>` against the global sample count, the loss as `train_loss` and the
+phase times as `elapsed_time_ms_<phase>`; CSV as one file per tag (`Train_Samples_<name>.csv`,
+header `step,<name>`, the step column holding the sample count as upstream's does).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +18,28 @@ from typing import Any, Protocol
 
 
 class Writer(Protocol):
-    def write(self, step: int, values: dict[str, float]) -> None: ...
+    def write(self, step: int, samples: int, values: dict[str, float]) -> None: ...
 
     def close(self) -> None: ...
+
+
+_UPSTREAM_NAMES = {
+    "loss": "train_loss",
+    "forward_ms": "elapsed_time_ms_forward",
+    "backward_ms": "elapsed_time_ms_backward",
+    "step_ms": "elapsed_time_ms_step",
+}
+
+
+def upstream_tag(name: str) -> str:
+    return f"Train/Samples/{_UPSTREAM_NAMES.get(name, name)}"
+
+
+def missing_package(section: str, package: str, pip_name: str | None = None) -> ImportError:
+    return ImportError(
+        f"the '{section}' config section is enabled but the {package} package is not "
+        f"installed: pip install {pip_name or package} (or set {section}.enabled to false)"
+    )
 
 
 class JsonLinesWriter:
@@ -20,30 +47,33 @@ class JsonLinesWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(path, "a", buffering=1)  # line-buffered: a crash loses no finished line
 
-    def write(self, step: int, values: dict[str, float]) -> None:
-        self.f.write(json.dumps({"step": step, **values}) + "\n")
+    def write(self, step: int, samples: int, values: dict[str, float]) -> None:
+        self.f.write(json.dumps({"step": step, "samples": samples, **values}) + "\n")
 
     def close(self) -> None:
         self.f.close()
 
 
 class CsvWriter:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.columns: list[str] | None = None
-        self.f = open(path, "a", newline="", buffering=1)
-        self.w = csv.writer(self.f)
+    """One CSV per tag, as upstream's csv_monitor writes them."""
 
-    def write(self, step: int, values: dict[str, float]) -> None:
-        if self.columns is None:
-            self.columns = ["step", *values]
-            if self.path.stat().st_size == 0:
-                self.w.writerow(self.columns)
-        self.w.writerow([step, *(values.get(c, "") for c in self.columns[1:])])
+    def __init__(self, log_dir: Path) -> None:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir = log_dir
+
+    def write(self, step: int, samples: int, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            tag = upstream_tag(name)
+            path = self.log_dir / (tag.replace("/", "_").replace(" ", "_") + ".csv")
+            fresh = not path.exists() or path.stat().st_size == 0
+            with open(path, "a", newline="") as f:
+                w = csv.writer(f)
+                if fresh:
+                    w.writerow(["step", tag.rsplit("/", 1)[-1]])
+                w.writerow([samples, value])
 
     def close(self) -> None:
-        self.f.close()
+        pass
 
 
 class TensorBoardWriter:
@@ -51,18 +81,65 @@ class TensorBoardWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ImportError(
-                "the 'tensorboard' config section is enabled but the tensorboard package is not "
-                "installed: pip install tensorboard (or disable tensorboard.enabled)"
-            ) from None
+            raise missing_package("tensorboard", "tensorboard") from None
         self.sw = SummaryWriter(log_dir=str(path))
 
-    def write(self, step: int, values: dict[str, float]) -> None:
+    def write(self, step: int, samples: int, values: dict[str, float]) -> None:
         for k, v in values.items():
-            self.sw.add_scalar(f"Train/{k}", v, step)
+            self.sw.add_scalar(upstream_tag(k), v, samples)
+        self.sw.flush()
 
     def close(self) -> None:
         self.sw.close()
+
+
+class WandbWriter:
+    def __init__(self, section: Any) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise missing_package("wandb", "wandb") from None
+        self.wandb = wandb
+        self.run = wandb.init(project=section.project, group=section.group, entity=section.team)
+
+    def write(self, step: int, samples: int, values: dict[str, float]) -> None:
+        self.run.log({upstream_tag(k): v for k, v in values.items()}, step=samples)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class CometWriter:
+    """Comet, at most once per `samples_log_interval` samples for each tag (upstream's rule)."""
+
+    def __init__(self, section: Any) -> None:
+        try:
+            import comet_ml
+        except ImportError:
+            raise missing_package("comet", "comet_ml", "comet-ml") from None
+        self.interval = int(section.samples_log_interval)
+        self.experiment = comet_ml.start(
+            api_key=section.api_key,
+            project=section.project,
+            workspace=section.workspace,
+            experiment_key=section.experiment_key,
+            mode=section.mode,
+            online=section.online,
+        )
+        if section.experiment_name is not None:
+            self.experiment.set_name(section.experiment_name)
+        self._last: dict[str, int] = {}
+
+    def write(self, step: int, samples: int, values: dict[str, float]) -> None:
+        for k, v in values.items():
+            tag = upstream_tag(k)
+            last = self._last.get(tag)
+            if last is None or samples - last >= self.interval:
+                self._last[tag] = samples
+                self.experiment.log_metric(tag, v, step=samples)
+
+    def close(self) -> None:
+        self.experiment.end()
 
 
 def _dir(section: Any, default_name: str) -> Path:
@@ -70,17 +147,22 @@ def _dir(section: Any, default_name: str) -> Path:
     return Path(base) / (getattr(section, "job_name", None) or default_name)
 
 
+def _on(cfg: Any, attr: str) -> Any:
+    section = getattr(cfg, attr, None)
+    return section if section is not None and getattr(section, "enabled", False) else None
+
+
 def writers_from_config(cfg: Any) -> list[Writer]:
     """Writers for the enabled monitor sections (rank 0 only; the caller decides)."""
     out: list[Writer] = []
-    for attr, make, fname in (
-        ("jsonl_monitor", JsonLinesWriter, "metrics.jsonl"),
-        ("csv_monitor", CsvWriter, "metrics.csv"),
-    ):
-        section = getattr(cfg, attr, None)
-        if section is not None and getattr(section, "enabled", False):
-            out.append(make(_dir(section, "deepspeed") / fname))
-    tb = getattr(cfg, "tensorboard", None)
-    if tb is not None and getattr(tb, "enabled", False):
-        out.append(TensorBoardWriter(_dir(tb, "DeepSpeedJobName")))
+    if (s := _on(cfg, "jsonl_monitor")) is not None:
+        out.append(JsonLinesWriter(_dir(s, "deepspeed") / "metrics.jsonl"))
+    if (s := _on(cfg, "csv_monitor")) is not None:
+        out.append(CsvWriter(_dir(s, "DeepSpeedJobName")))
+    if (s := _on(cfg, "tensorboard")) is not None:
+        out.append(TensorBoardWriter(_dir(s, "DeepSpeedJobName")))
+    if (s := _on(cfg, "wandb")) is not None:
+        out.append(WandbWriter(s))
+    if (s := _on(cfg, "comet")) is not None:
+        out.append(CometWriter(s))
     return out

@@ -271,17 +271,19 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         self._step_applied = False
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        self.global_samples += self._micro_batch_size * self.dp_world_size
+        if boundary:
             with self.timers.phase("step"):
                 self._model_step(lr_kwargs or {})
             self.metrics.on_step(
                 self.global_steps,
+                self.global_samples,
                 self.get_lr()[0] if self.optimizer else 0.0,
                 self.loss_scaler.loss_scale if self.loss_scaler else None,
                 self._global_grad_norm,
             )
         self.micro_steps += 1
-        self.global_samples += self._micro_batch_size * self.dp_world_size
         self._boundary_override = None
 
     def _model_step(

@@ -1,6 +1,7 @@
 """The README's two commands stay what CI and users run; the main job trains for real."""
 
 import re
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -44,7 +45,18 @@ def test_main_job_trains_on_two_ranks_and_writes_checkpoint_and_png(tmp_path):
     assert r.returncode == 0, log[-4000:]
     assert "2 rank(s)" in log and "2 ranks x micro-batch" in log
     assert "samples/s" in log and "tokens/s" in log and "peak mem" in log
-    assert (out / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    png = (out / "loss.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert struct.unpack(">II", png[16:24]) == (800, 450)  # IHDR: matplotlib's 8 x 4.5 in
+    # the recorded run reads back through the report command
+    from deepspeed_ext.env_report import main as ds_report
+
+    assert ds_report(["run", str(out), "--out", str(tmp_path / "report")]) == 0
+    assert {p.name for p in (tmp_path / "report").glob("*.png")} == {
+        "loss_lr.png",
+        "throughput.png",
+        "memory.png",
+    }
     import torch
 
     ckpt = torch.load(

@@ -503,6 +503,7 @@ class PipelineEngine(DeepSpeedEngine):
         self.metrics.add_loss(self.total_loss)
         self.metrics.on_step(
             self.global_steps,
+            self.global_samples + self.train_batch_size(),  # train_batch adds it after
             self.get_lr()[0] if self.optimizer else 0.0,
             self.loss_scaler.loss_scale if self.loss_scaler else None,
             self._global_grad_norm,

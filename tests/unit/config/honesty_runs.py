@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -41,25 +40,6 @@ def install_recorder() -> None:
 
     for cls in (DeepSpeedConfig, Section):
         cls.__getattribute__ = getattribute  # type: ignore[method-assign]
-
-
-def _stub_tensorboard() -> None:
-    """torch's SummaryWriter needs the tensorboard package, which the tests do not install:
-    a stand-in that takes what the writer gives it."""
-    try:
-        import torch.utils.tensorboard  # noqa: F401
-    except ImportError:
-        stub = types.ModuleType("torch.utils.tensorboard")
-
-        class SummaryWriter:
-            def __init__(self, *args: Any, **kwargs: Any) -> None:
-                pass
-
-            def __getattr__(self, name: str) -> Any:
-                return lambda *args, **kwargs: None
-
-        stub.SummaryWriter = SummaryWriter  # type: ignore[attr-defined]
-        sys.modules["torch.utils.tensorboard"] = stub
 
 
 def _steps(engine: Any, n: int = 2) -> None:
@@ -97,6 +77,14 @@ def _dense(d: str) -> dict[str, Any]:
         csv_monitor={"enabled": True, "output_path": d, "job_name": "c"},
         jsonl_monitor={"enabled": True, "output_path": d, "job_name": "j"},
         tensorboard={"enabled": True, "output_path": d, "job_name": "t"},
+        wandb={"enabled": True, "project": "p", "group": "g"},  # offline: exercise()
+        comet={
+            "enabled": True,
+            "online": False,
+            "project": "p",
+            "experiment_name": "n",
+            "samples_log_interval": 1,
+        },
         timers={"throughput": {"enabled": False}},
         log_level="info",
         dump_state=True,
@@ -219,10 +207,13 @@ def exercise() -> list[tuple[str, str]]:
     from deepspeed_ext.runtime.initialize import initialize
 
     install_recorder()
-    _stub_tensorboard()
     data = torch.utils.data.TensorDataset(torch.randn(18, 16), torch.randn(18, 4))
     for name, make in SCENARIOS.items():
         with tempfile.TemporaryDirectory() as d:
+            # the W&B and Comet monitors write offline runs into the scenario's directory
+            os.environ.update(
+                WANDB_MODE="offline", WANDB_DIR=d, WANDB_SILENT="true", COMET_OFFLINE_DIRECTORY=d
+            )
             config = make(d)
             if name == "zero3_nvme":
                 from deepspeed_ext.zero.stage3 import Init

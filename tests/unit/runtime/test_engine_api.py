@@ -163,8 +163,10 @@ def test_monitors_write_the_metrics_line_values(tmp_path, capfd):
     assert [r["step"] for r in rows] == [2, 4]
     for key in ("loss", "lr", "samples_per_s", "peak_mem_gib", "grad_norm"):
         assert key in rows[0], rows[0]
-    csv_lines = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("step,loss,lr") and len(csv_lines) == 3
+    # upstream's csv_monitor layout: a file per tag, the sample count in the step column
+    csv_lines = (tmp_path / "run" / "Train_Samples_train_loss.csv").read_text().splitlines()
+    assert csv_lines == ["step,train_loss", *(f"{16 * (i + 1)},{rows[i]['loss']}" for i in (0, 1))]
+    assert (tmp_path / "run" / "Train_Samples_lr.csv").exists()
     err = capfd.readouterr().err
     assert "step 2 | loss" in err and "samples/s" in err and "peak mem" in err
 

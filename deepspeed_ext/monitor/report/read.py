@@ -1,0 +1,49 @@
+"""A run's metrics as the JSON-lines monitor wrote them (jsonl_monitor's metrics.jsonl)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class ReportError(ValueError):
+    """A run directory or metrics file the report cannot read; the message says why."""
+
+
+def find_metrics(path: str | Path) -> Path:
+    """The metrics file itself, or the one metrics.jsonl under a run directory."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.exists():
+        raise ReportError(f"{p}: no such file or directory")
+    found = sorted(p.rglob("metrics.jsonl"))
+    if not found:
+        raise ReportError(
+            f"{p}: no metrics.jsonl under it; turn on the jsonl_monitor section "
+            '({"jsonl_monitor": {"enabled": true, "output_path": ...}}) and point at its '
+            "output_path"
+        )
+    if len(found) > 1:
+        listed = ", ".join(str(f) for f in found)
+        raise ReportError(f"{p}: several runs under it ({listed}); name one of them")
+    return found[0]
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    f = find_metrics(path)
+    records = []
+    for n, line in enumerate(f.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ReportError(f"{f}:{n}: not a JSON line ({e.msg})") from None
+        if not isinstance(rec, dict) or "step" not in rec:
+            raise ReportError(f"{f}:{n}: a metrics record needs a 'step' field")
+        records.append(rec)
+    if not records:
+        raise ReportError(f"{f}: empty; the run wrote no metrics yet")
+    return records

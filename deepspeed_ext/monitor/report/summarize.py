@@ -1,0 +1,118 @@
+"""What a run's metrics say: throughput, step-time breakdown, memory, comm share.
+
+The metrics line's timings are totals over the window since the previous record
+(steps_per_print steps), so per-step figures divide by the steps in each window; a window's
+wall time is its samples over its samples/s. The first window holds the warm-up (JIT
+builds, allocator growth) and is left out of the throughput and time figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+_PHASES = ("forward_ms", "backward_ms", "step_ms")
+
+
+def _windows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out, prev_step, prev_samples = [], 0, 0
+    for r in records:
+        w = dict(r)
+        w["_steps"] = max(1, int(r["step"]) - prev_step)
+        samples = r.get("samples")
+        w["_samples"] = int(samples) - prev_samples if samples is not None else None
+        prev_step = int(r["step"])
+        prev_samples = int(samples) if samples is not None else prev_samples
+        out.append(w)
+    return out
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    windows = _windows(records)
+    steady = windows[1:] or windows
+    out: dict[str, Any] = {
+        "records": len(records),
+        "steps": int(records[-1]["step"]),
+        "samples": records[-1].get("samples"),
+    }
+    losses = [r["loss"] for r in records if "loss" in r]
+    if losses:
+        out["loss"] = {"first": losses[0], "last": losses[-1], "min": min(losses)}
+    for key in ("samples_per_s", "tokens_per_s"):
+        vals = [w[key] for w in steady if key in w]
+        if vals:
+            out[key] = statistics.median(vals)
+    # step time: a window's wall time over its steps
+    step_ms = [
+        1e3 * w["_samples"] / w["samples_per_s"] / w["_steps"]
+        for w in steady
+        if w.get("_samples") and w.get("samples_per_s")
+    ]
+    if step_ms:
+        out["step_time_ms"] = statistics.median(step_ms)
+    phases = {
+        p[:-3]: statistics.mean(w[p] / w["_steps"] for w in steady if p in w)
+        for p in _PHASES
+        if any(p in w for w in steady)
+    }
+    if phases:
+        out["phase_ms_per_step"] = phases
+    if any("comm_ms" in w for w in steady):
+        comm = statistics.mean(w["comm_ms"] / w["_steps"] for w in steady if "comm_ms" in w)
+        out["comm_ms_per_step"] = comm
+        if step_ms:
+            out["comm_share"] = comm / out["step_time_ms"]
+    mem = [r["peak_mem_gib"] for r in records if "peak_mem_gib" in r]
+    if mem:
+        out["peak_mem_gib"] = max(mem)
+    if any("slowest_rank" in r for r in records):
+        out["stragglers"] = sorted({r["slowest_rank"] for r in records if "slowest_rank" in r})
+    return out
+
+
+def summary_text(s: dict[str, Any], source: str) -> str:
+    lines = [
+        f"run report: {source}",
+        f"  steps recorded      {s['steps']} ({s['records']} records)",
+    ]
+    if s.get("samples") is not None:
+        lines.append(f"  samples             {s['samples']}")
+    if "loss" in s:
+        loss = s["loss"]
+        lines.append(
+            f"  loss                {loss['first']:.4f} -> {loss['last']:.4f} "
+            f"(min {loss['min']:.4f})"
+        )
+    if "samples_per_s" in s:
+        lines.append(
+            f"  throughput          {s['samples_per_s']:.1f} samples/s (median, warm-up excluded)"
+        )
+    if "tokens_per_s" in s:
+        lines.append(f"                      {s['tokens_per_s']:.0f} tokens/s")
+    if "step_time_ms" in s:
+        lines.append(f"  step time           {s['step_time_ms']:.1f} ms (median)")
+    if "phase_ms_per_step" in s:
+        total = s.get("step_time_ms")
+        for name, ms in s["phase_ms_per_step"].items():
+            share = f" ({100 * ms / total:.0f}% of the step)" if total else ""
+            lines.append(f"    {name:<17} {ms:.1f} ms{share}")
+    else:
+        lines.append("  step-time breakdown not recorded (turn on wall_clock_breakdown)")
+    if "comm_share" in s:
+        lines.append(
+            f"  communication       {s['comm_ms_per_step']:.1f} ms per step, "
+            f"{100 * s['comm_share']:.0f}% of the step"
+        )
+    elif "comm_ms_per_step" in s:
+        lines.append(f"  communication       {s['comm_ms_per_step']:.1f} ms per step")
+    else:
+        lines.append("  communication not recorded (turn on comms_logger)")
+    if "peak_mem_gib" in s:
+        lines.append(f"  peak memory         {s['peak_mem_gib']:.2f} GiB")
+    if "stragglers" in s:
+        lines.append(f"  slowest ranks       {', '.join(str(r) for r in s['stragglers'])}")
+    else:
+        lines.append(
+            "  stragglers          not recorded (per-rank step times are not in the metrics)"
+        )
+    return "\n".join(lines)

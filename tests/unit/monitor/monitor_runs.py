@@ -1,0 +1,45 @@
+"""Rank body for test_monitors.py: a short run with every monitor on."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+
+def train_with_every_monitor(out: str) -> dict[str, Any]:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    os.environ.update(
+        WANDB_MODE="offline", WANDB_DIR=out, WANDB_SILENT="true", COMET_OFFLINE_DIRECTORY=out
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    engine, *_ = initialize(
+        model=model,
+        config={
+            "train_micro_batch_size_per_gpu": 4,
+            "steps_per_print": 1,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.05}},
+            "jsonl_monitor": {"enabled": True, "output_path": out, "job_name": "j"},
+            "tensorboard": {"enabled": True, "output_path": out, "job_name": "tb"},
+            "wandb": {"enabled": True, "project": "proj", "group": "grp"},
+            "comet": {
+                "enabled": True,
+                "online": False,
+                "project": "proj",
+                "experiment_name": "exp",
+                "samples_log_interval": 8,
+            },
+        },
+    )
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        engine.backward((engine(x) - x.sum(1, keepdim=True)).square().mean())
+        engine.step()
+    (wandb_writer,) = [w for w in engine.metrics.writers if type(w).__name__ == "WandbWriter"]
+    run = wandb_writer.run
+    seen = {"summary": dict(run.summary), "project": run.project, "group": run.group}
+    engine.destroy()
+    return seen

@@ -1,0 +1,87 @@
+"""`ds_report run`: a run's metrics summarized (figures checked by hand) and plotted."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from deepspeed_ext.env_report import main as ds_report
+from deepspeed_ext.monitor.report import ReportError, read_records, summarize
+
+
+def _record(step: int, **extra: float) -> dict:
+    return {
+        "step": step,
+        "samples": 8 * step,
+        "loss": 4.0 / step,
+        "lr": 1e-3,
+        "samples_per_s": 100.0,
+        "peak_mem_gib": 0.5 + step / 100,
+        "forward_ms": 200.0,
+        "backward_ms": 400.0,
+        "step_ms": 100.0,
+        "comm_ms": 100.0,
+        **extra,
+    }
+
+
+def _run(tmp_path: Path, records: list[dict]) -> Path:
+    d = tmp_path / "run" / "job"
+    d.mkdir(parents=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return tmp_path / "run"
+
+
+def test_summary_figures_per_step_from_window_totals(tmp_path: Path) -> None:
+    # first window: warm-up (slow), left out of the steady figures
+    records = [_record(10, samples_per_s=10.0), _record(20), _record(30)]
+    s = summarize(read_records(_run(tmp_path, records)))
+    assert s["steps"] == 30 and s["samples"] == 240
+    assert s["loss"] == {"first": 0.4, "last": 4.0 / 30, "min": 4.0 / 30}
+    assert s["samples_per_s"] == 100.0
+    # a window: 80 samples at 100/s = 0.8 s over 10 steps
+    assert s["step_time_ms"] == pytest.approx(80.0)
+    assert s["phase_ms_per_step"] == {"forward": 20.0, "backward": 40.0, "step": 10.0}
+    assert s["comm_ms_per_step"] == 10.0 and s["comm_share"] == pytest.approx(0.125)
+    assert s["peak_mem_gib"] == pytest.approx(0.8)
+
+
+def test_the_command_prints_the_summary_and_writes_every_plot(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    run = _run(tmp_path, [_record(s) for s in (10, 20, 30, 40)])
+    assert ds_report(["run", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert "step time           80.0 ms (median)" in text
+    assert "backward          40.0 ms (50% of the step)" in text
+    assert "communication       10.0 ms per step, 12% of the step" in text
+    pngs = sorted((run / "job" / "report").glob("*.png"))
+    assert [p.name for p in pngs] == [
+        "loss_lr.png",
+        "memory.png",
+        "throughput.png",
+        "time_breakdown.png",
+    ]
+    for p in pngs:
+        head = p.read_bytes()[:24]
+        assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (800, 450)
+    assert ds_report(["run", str(run), "--json", "--no_plots"]) == 0
+    assert json.loads(capsys.readouterr().out)["plots"] == []
+
+
+def test_unreadable_runs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(ReportError, match="no metrics.jsonl under it; turn on the jsonl_monitor"):
+        read_records(tmp_path)
+    run = _run(tmp_path, [_record(10)])
+    bad = run / "job" / "metrics.jsonl"
+    bad.write_text(bad.read_text() + "{oops\n")
+    with pytest.raises(ReportError, match=r"metrics.jsonl:2: not a JSON line"):
+        read_records(run)
+    (run / "other").mkdir()
+    (run / "other" / "metrics.jsonl").write_text(json.dumps(_record(5)) + "\n")
+    assert ds_report(["run", str(run)]) == 2
+    assert "several runs under it" in capsys.readouterr().err
