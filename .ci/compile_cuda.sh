@@ -49,7 +49,7 @@ done
 if TORCH_INC=$(python -c 'from torch.utils.cpp_extension import include_paths as p; print(" ".join("-I" + x for x in p()))' 2>/dev/null); then
   CUDA_INC="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}/include"
   [ -f "$CUDA_INC/cuda_runtime.h" ] || CUDA_INC=$(dirname "$(ls /usr/local/cuda*/include/cuda_runtime.h 2>/dev/null | head -1)")
-  for src in csrc/bindings/fused_*.cpp; do
+  for src in csrc/bindings/fused_*.cpp csrc/bindings/*_cuda.cpp; do
     echo "g++ -fsyntax-only (torch headers): $src"
     # shellcheck disable=SC2086
     g++ -std=c++20 -fsyntax-only -DC10_CUDA_NO_CMAKE_CONFIGURE_FILE $TORCH_INC -I "$CUDA_INC" \

@@ -7,9 +7,11 @@ from .builder import OpBuilder
 from .cpu_adagrad import CPUAdagradBuilder
 from .cpu_adam import CPUAdamBuilder
 from .cpu_lion import CPULionBuilder
+from .packbits import PackBitsBuilder
 
 ALL_OPS: dict[str, type[OpBuilder]] = {
-    b.NAME: b for b in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder, AsyncIOBuilder)
+    b.NAME: b
+    for b in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder, PackBitsBuilder, AsyncIOBuilder)
 }
 
 
@@ -21,10 +23,12 @@ def _register_cuda_ops() -> None:
     try:
         from .fused_adam import FusedAdamBuilder
         from .fused_lamb import FusedLambBuilder
+        from .packbits_cuda import PackBitsCudaBuilder
     except ImportError:  # pragma: no cover - files land with the CUDA ops
         return
     register(FusedAdamBuilder)
     register(FusedLambBuilder)
+    register(PackBitsCudaBuilder)
 
 
 _register_cuda_ops()

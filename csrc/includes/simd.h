@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "half.h"
 
@@ -29,6 +30,10 @@ struct ScalarOps {
   static V fma(V a, V b, V c) { return std::fma(a, b, c); }  // a*b+c
   static V sqrt(V a) { return std::sqrt(a); }
   static V sign(V a) { return a > 0.f ? 1.f : (a < 0.f ? -1.f : 0.f); }
+  // [Note: sign packing] (packbits/packbits.h): lane j of the mask is bit j, set for a >= 0
+  static uint32_t nonneg_mask(V a) { return a >= 0.f ? 1u : 0u; }
+  static V sign_pm1(V a) { return a >= 0.f ? 1.f : -1.f; }  // zero counts as +1
+  static float hsum(V a) { return a; }
   template <class T>
   static V load(const T* p) {
     return to_float(*p);
@@ -58,6 +63,13 @@ struct VecOps {
     V r = _mm512_mask_mov_ps(_mm512_setzero_ps(), pos, _mm512_set1_ps(1.f));
     return _mm512_mask_mov_ps(r, neg, _mm512_set1_ps(-1.f));
   }
+  static uint32_t nonneg_mask(V a) {
+    return _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GE_OQ);
+  }
+  static V sign_pm1(V a) {
+    return _mm512_mask_mov_ps(_mm512_set1_ps(-1.f), nonneg_mask(a), _mm512_set1_ps(1.f));
+  }
+  static float hsum(V a) { return _mm512_reduce_add_ps(a); }
   static V load(const float* p) { return _mm512_loadu_ps(p); }
   static V load(const bf16_t* p) {
     const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -101,6 +113,18 @@ struct VecOps {
     const V pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.f));
     const V neg = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_LT_OQ), _mm256_set1_ps(-1.f));
     return _mm256_or_ps(pos, neg);
+  }
+  static uint32_t nonneg_mask(V a) {
+    return uint32_t(_mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GE_OQ)));
+  }
+  static V sign_pm1(V a) {
+    return _mm256_blendv_ps(_mm256_set1_ps(-1.f), _mm256_set1_ps(1.f),
+                            _mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GE_OQ));
+  }
+  static float hsum(V a) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
   }
   static V load(const float* p) { return _mm256_loadu_ps(p); }
   static V load(const bf16_t* p) {
