@@ -187,7 +187,6 @@ def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
         parse(
             {
                 "train_batch_size": 8,
-                "wandb": {"enabled": True},
                 "comet": {"enabled": False},
                 "amp": {"enabled": True, "opt_level": "O1"},
                 "sparse_attention": {"mode": "fixed", "block": 16},
@@ -228,7 +227,6 @@ def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
         "compression_training",
         "data_efficiency",
         "sparse_attention",
-        "wandb",
         "zero_optimization.zenflow",
     ]
     parse({"comet": {"enabled": False}, "elasticity": {"enabled": False}})  # off: accepted

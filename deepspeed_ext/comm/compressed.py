@@ -1,0 +1,121 @@
+"""1-bit all-reduce with error feedback (the 1-bit Adam paper's compressed all-reduce).
+
+[Note: compressed all-reduce]
+A mean over the group's w ranks of a tensor of n elements, moving signs instead of values.
+The tensor is padded to N (a multiple of 8 w) and cut into w chunks of c = N / w.
+1. Worker: each chunk of y = x + worker_error is compressed to c / 8 bytes of signs and one
+   scale (the chunk's root mean square); worker_error keeps what that lost.
+2. all_to_all: rank r receives every worker's chunk r (bytes and scales).
+3. Server: rank r averages them (the sum of scale_j * sign_j over j, over w), adds its
+   server_error for chunk r, compresses that again, and keeps the new loss in server_error.
+4. all_gather: every rank receives every server's compressed chunk and decodes the mean.
+Each rank sends (w - 1) / w of N / 8 bytes in step 2 and N / (8 w) bytes to each of the others
+in step 4, so 2 (w - 1) / w x N / 8 bytes in all, against 2 (w - 1) / w x 4 N for a ring
+all-reduce of fp32 values: 1/32 of it (1/16 of fp16), plus 2 w scales. Both error buffers carry
+the loss into the next call, so the running sum of the results tracks the running sum of the
+true means (what momentum SGD and 1-bit Adam need). The codec (the packbits op) is handed in by
+the layer above: comm moves tensors, it does not pick kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from .checked import dist
+from .layout import resolve
+
+
+class SignCodec(Protocol):
+    def compress(
+        self, x: torch.Tensor, error: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...  # (uint8 bits, float32 [1] scale)
+
+    def decompress(
+        self,
+        bits: torch.Tensor,
+        scale: torch.Tensor,
+        numel: int,
+        out: torch.Tensor,
+        accumulate: bool,
+    ) -> torch.Tensor: ...
+
+
+@dataclass
+class _Errors:
+    worker: torch.Tensor  # [N] float32: what this rank's compressions lost
+    server: torch.Tensor  # [c] float32: what this rank's server-side compressions lost
+
+
+class CompressedAllReduce:
+    """Error-compensated 1-bit mean over a group, one pair of error buffers per key."""
+
+    def __init__(self, codec: SignCodec, group: Any = None) -> None:
+        self.codec = codec
+        self.group = group
+        self.pg, self.world = resolve(group)
+        self.errors: dict[Hashable, _Errors] = {}
+
+    def padded(self, n: int) -> int:
+        unit = 8 * self.world
+        return (n + unit - 1) // unit * unit
+
+    def mean_(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
+        """Replace x by (an error-compensated 1-bit estimate of) its mean over the group."""
+        if self.world == 1:
+            return x
+        w, n = self.world, x.numel()
+        big = self.padded(n)
+        c = big // w
+        st = self.errors.get(key)
+        if st is None or st.worker.numel() != big:
+            st = self.errors[key] = _Errors(
+                torch.zeros(big, dtype=torch.float32, device=x.device),
+                torch.zeros(c, dtype=torch.float32, device=x.device),
+            )
+        y = torch.zeros(big, dtype=torch.float32, device=x.device)
+        y[:n].copy_(x.reshape(-1))
+        # 1. worker compression, chunk by chunk (one scale each)
+        send_bits = torch.empty(w, c // 8, dtype=torch.uint8, device=x.device)
+        send_scales = torch.empty(w, dtype=torch.float32, device=x.device)
+        for j in range(w):
+            bits, scale = self.codec.compress(
+                y[j * c : (j + 1) * c], st.worker[j * c : (j + 1) * c]
+            )
+            send_bits[j].copy_(bits)
+            send_scales[j : j + 1].copy_(scale)
+        # 2. chunk r of every worker to rank r
+        recv_bits = torch.empty_like(send_bits)
+        recv_scales = torch.empty_like(send_scales)
+        dist.all_to_all_single(recv_bits, send_bits, group=self.pg)
+        dist.all_to_all_single(recv_scales, send_scales, group=self.pg)
+        # 3. server: the mean of the workers' chunks, compressed again
+        mean = torch.zeros(c, dtype=torch.float32, device=x.device)
+        for j in range(w):
+            self.codec.decompress(recv_bits[j], recv_scales[j : j + 1] / w, c, mean, True)
+        server_bits, server_scale = self.codec.compress(mean, st.server)
+        # 4. every server's chunk to every rank
+        all_bits = torch.empty(w, c // 8, dtype=torch.uint8, device=x.device)
+        all_scales = torch.empty(w, dtype=torch.float32, device=x.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(all_bits, server_bits.reshape(1, -1), group=self.pg)
+        gather(all_scales, server_scale.reshape(1), group=self.pg)
+        for j in range(w):
+            self.codec.decompress(
+                all_bits[j], all_scales[j : j + 1], c, y[j * c : (j + 1) * c], False
+            )
+        x.copy_(y[:n].view_as(x))
+        return x
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "errors": {k: {"worker": e.worker, "server": e.server} for k, e in self.errors.items()}
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.errors = {
+            k: _Errors(v["worker"].float(), v["server"].float()) for k, v in state["errors"].items()
+        }
