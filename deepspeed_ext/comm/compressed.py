@@ -64,18 +64,33 @@ class CompressedAllReduce:
         return (n + unit - 1) // unit * unit
 
     def mean_(self, x: torch.Tensor, key: Hashable) -> torch.Tensor:
-        """Replace x by (an error-compensated 1-bit estimate of) its mean over the group."""
+        """Replace x by (an error-compensated 1-bit estimate of) its mean over the group,
+        with this object keeping the error buffers under `key`."""
+        big = self.padded(x.numel())
+        st = self.errors.get(key)
+        if st is None or st.worker.numel() != big:
+            st = self.errors[key] = _Errors(
+                torch.zeros(big, dtype=torch.float32, device=x.device),
+                torch.zeros(big // self.world, dtype=torch.float32, device=x.device),
+            )
+        return self.mean_with_(x, st.worker, st.server)
+
+    def mean_with_(
+        self, x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor
+    ) -> torch.Tensor:
+        """mean_() with the caller's error buffers: worker_error [padded(n)] and
+        server_error [padded(n) / world], float32, on x's device."""
         if self.world == 1:
             return x
         w, n = self.world, x.numel()
         big = self.padded(n)
         c = big // w
-        st = self.errors.get(key)
-        if st is None or st.worker.numel() != big:
-            st = self.errors[key] = _Errors(
-                torch.zeros(big, dtype=torch.float32, device=x.device),
-                torch.zeros(c, dtype=torch.float32, device=x.device),
+        if worker_error.numel() != big or server_error.numel() != c:
+            raise ValueError(
+                f"error buffers of {worker_error.numel()} and {server_error.numel()} elements "
+                f"for a tensor of {n}: expected {big} and {c}"
             )
+        st = _Errors(worker_error, server_error)
         y = torch.zeros(big, dtype=torch.float32, device=x.device)
         y[:n].copy_(x.reshape(-1))
         # 1. worker compression, chunk by chunk (one scale each)

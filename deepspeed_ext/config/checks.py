@@ -100,6 +100,27 @@ def _refused(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return support.refused(cfg)  # [Note: config honesty]
 
 
+_ONEBIT = {"onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
+
+
+def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """1-bit optimizers exchange compressed momentum instead of gradients."""
+    opt = cfg.optimizer
+    if opt is None or not opt.type or str(opt.type).lower() not in _ONEBIT:
+        return []
+    name = str(opt.type).lower()
+    if name != "onebitadam":
+        return [f"optimizer.type '{opt.type}' is not built yet; 'OneBitAdam' is"]
+    stage = cfg.zero_optimization.stage
+    if "zero_optimization.stage" not in autos and stage != 0:
+        return [
+            f"optimizer.type '{opt.type}' runs with zero_optimization.stage 0 only (as "
+            f"upstream): it exchanges compressed momentum where ZeRO reduces gradients into "
+            f"partitions; set the stage to 0 (it is {stage})"
+        ]
+    return []
+
+
 # monitor section -> (module it imports, what pip installs)
 _MONITOR_PACKAGES = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -135,6 +156,7 @@ CHECKS: tuple[Check, ...] = (
     _zero_stage,
     _tensor_parallel,
     _monitor_packages,
+    _onebit,
 )
 
 

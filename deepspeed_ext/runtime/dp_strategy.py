@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import collective_device
+from deepspeed_ext.comm import collective_device, sum_tensor_over
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.fragments import Fragment, bind, state_owner
@@ -49,6 +49,16 @@ class DataParallelStrategy:
     def sync_enabled(self, value: bool) -> None:
         self.grads.sync_enabled = value
 
+    @property
+    def local_grads(self) -> bool:
+        """Each rank keeps its own gradients, unreduced ([Note: 1-bit Adam]: the optimizer
+        exchanges its momentum instead)."""
+        return self.grads.local
+
+    @local_grads.setter
+    def local_grads(self, value: bool) -> None:
+        self.grads.local = value
+
     def optimizer_param_groups(self) -> list[dict[str, Any]]:
         """The model's groups with trainable params, each param replaced by its master."""
         of = self.masters.master_of
@@ -65,7 +75,10 @@ class DataParallelStrategy:
 
     def grad_sq_sum(self) -> torch.Tensor:
         # after the all-reduce every data-parallel rank holds the same grads
-        return sum_of_squares(self.grads.flat(), collective_device(self.dp))
+        sq = sum_of_squares(self.grads.flat(), collective_device(self.dp))
+        if self.grads.local:  # each its own: the mean over ranks, one value everywhere (so
+            return sum_tensor_over(sq, self.dp) / self.dp.size  # overflow and clipping agree)
+        return sq
 
     def scale_grads_(self, factor: float) -> None:
         if factor != 1.0:
@@ -125,7 +138,9 @@ class DataParallelStrategy:
         }
 
     def rank_state(self, optimizer: Any) -> dict[str, Any] | None:
-        return None
+        """An optimizer with state of its own on each rank (1-bit Adam's error buffers)."""
+        own = getattr(optimizer, "per_rank_state_dict", None)
+        return {"optimizer_per_rank": own()} if own is not None else None
 
     def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None:
         load_module_state(self.module, state, strict, files.where, 0)
@@ -144,12 +159,26 @@ class DataParallelStrategy:
                 "stage it was saved with"
             )
         optimizer.load_state_dict(state["optimizer"])
+        if hasattr(optimizer, "load_per_rank_state_dict"):
+            self._load_per_rank(optimizer, files)
         saved = state.get("master_weights")
         if saved is not None:
             names = [n for n, _ in self.module.named_parameters()]
             for m, n in zip(self.masters.masters, names):
                 m.copy_(saved[n])
             self.masters.copy_to_model()
+
+    def _load_per_rank(self, optimizer: Any, files: RankFiles) -> None:
+        try:
+            own = files.read(self.dp.rank).get("optimizer_per_rank")
+        except FileNotFoundError:
+            own = None
+        if not optimizer.load_per_rank_state_dict(own):
+            logger.warning(
+                f"{files.where}: no per-rank optimizer state for data-parallel rank "
+                f"{self.dp.rank} at this world size ({self.dp.size}); the 1-bit error-feedback "
+                "buffers restart at zero"
+            )
 
     def sync_masters_from_model(self) -> None:
         self.masters.copy_from_model()

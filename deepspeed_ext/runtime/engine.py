@@ -207,6 +207,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         taking the param groups, or the config's optimizer section."""
         if isinstance(client, torch.optim.Optimizer):
             self.strategy.repoint(client)
+            if hasattr(client, "attach_engine") and getattr(client, "deepspeed", None) is None:
+                client.attach_engine(self)  # a 1-bit optimizer made before the engine
             return client
         groups = self.strategy.optimizer_param_groups()
         if callable(client):
@@ -225,6 +227,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             groups,
             dict(self.config.optimizer.params or {}),
             on_cpu=master_device.type == "cpu",
+            engine=self,
         )
 
     def _make_scheduler(self, client: Any) -> Any:
@@ -341,6 +344,21 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
         self._boundary_override = bool(is_boundary)
+
+    @property
+    def enable_backward_allreduce(self) -> bool:
+        """Upstream's switch: False leaves each rank's gradients unreduced (1-bit Adam after
+        its warm-up exchanges compressed momentum instead)."""
+        return not getattr(self.strategy, "local_grads", False)
+
+    @enable_backward_allreduce.setter
+    def enable_backward_allreduce(self, value: bool) -> None:
+        if not hasattr(self.strategy, "local_grads"):
+            raise ValueError(
+                f"enable_backward_allreduce=False needs zero_optimization.stage 0; stage "
+                f"{self.zero_optimization_stage()} reduces gradients into partitions"
+            )
+        self.strategy.local_grads = not value
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:

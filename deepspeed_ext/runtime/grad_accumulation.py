@@ -39,6 +39,8 @@ class GradAccumulator:
         self.begun = False  # begin() ran for the backward under way
         self.is_boundary = is_boundary  # for a backward the engine did not begin
         self.sync_enabled = True  # False inside engine.no_sync()
+        # True: never reduce, each rank keeps its own gradients ([Note: 1-bit Adam])
+        self.local = False
         self.end = EndOfBackward(self.finish)  # [Note: end of backward]
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
 
@@ -55,7 +57,7 @@ class GradAccumulator:
     def begin(self, boundary: bool) -> None:
         """Called before a micro-step's backward."""
         self.begun = True
-        self.reduce_now = boundary and self.sync_enabled
+        self.reduce_now = boundary and self.sync_enabled and not self.local
         if self.reduce_now:
             self.buckets.start()
 

@@ -13,7 +13,9 @@ from deepspeed_ext.ops.adam import DeepSpeedCPUAdam, FusedAdam
 from deepspeed_ext.ops.lamb import FusedLamb
 from deepspeed_ext.ops.lion import DeepSpeedCPULion
 
-OUR_NAMES = ("adam", "adamw", "adagrad", "lamb", "lion", "sgd")
+from .onebit.adam import OnebitAdam
+
+OUR_NAMES = ("adam", "adamw", "adagrad", "lamb", "lion", "sgd", "onebitadam")
 
 
 def _torch_optimizers() -> dict[str, type]:
@@ -31,7 +33,7 @@ class OptimizerConfigError(ValueError):
 
 
 def build_optimizer(
-    name: str, params: Any, hparams: dict[str, Any], on_cpu: bool
+    name: str, params: Any, hparams: dict[str, Any], on_cpu: bool, engine: Any = None
 ) -> torch.optim.Optimizer:
     """`optimizer: {type: name, params: hparams}` -> an optimizer over `params`.
 
@@ -64,6 +66,12 @@ def build_optimizer(
             return DeepSpeedCPULion(params, **hp)
         if key == "lamb":
             return FusedLamb(params, **hp)
+        if key == "onebitadam":
+            return OnebitAdam(params, deepspeed=engine, **hp)
+        if key in ("zerooneadam", "onebitlamb"):
+            raise OptimizerConfigError(
+                f"optimizer.type '{name}' is not built yet (1-bit Adam is: 'OneBitAdam')"
+            )
         torch_opts = _torch_optimizers()
         if key in torch_opts:
             return torch_opts[key](params, **hp)

@@ -119,7 +119,7 @@ def save_checkpoint(
     comm.barrier()
     if comm.get_rank() == 0:
         atomic.commit(save_dir, tag)
-        if per_rank is not None:  # partitioned: consolidate with zero_to_fp32
+        if per_rank is not None and stage > 0:  # partitioned: consolidate with zero_to_fp32
             _write_zero_to_fp32_script(save_dir)
         if save_latest:
             atomic.write_latest(save_dir, tag)

@@ -8,9 +8,7 @@ from deepspeed_ext.ops.packbits import sign_compress, sign_decompress
 
 
 class PackBitsCodec:
-    def compress(
-        self, x: torch.Tensor, error: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def compress(self, x: torch.Tensor, error: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return sign_compress(x, error)
 
     def decompress(

@@ -1,0 +1,114 @@
+"""Rank bodies for test_onebit_adam.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tests.unit.runtime.models import batch, loss_fn, mlp
+
+
+def _engine(optimizer: dict[str, Any], **extra: Any) -> Any:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(
+        model=mlp(),
+        config={"train_micro_batch_size_per_gpu": 8, "optimizer": optimizer, **extra},
+    )
+    return engine
+
+
+def _train(engine: Any, steps: range) -> list[float]:
+    losses = []
+    for s in steps:
+        x, y = batch(s, engine.dp_rank)
+        loss = loss_fn(engine, x, y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses
+
+
+def _params(engine: Any) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+ADAM = {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
+
+
+def onebit(freeze: int) -> dict[str, Any]:
+    return {
+        "type": "OneBitAdam",
+        "params": {"lr": 1e-2, "weight_decay": 0.01, "freeze_step": freeze},
+    }
+
+
+def warmup_then_compression() -> dict[str, Any]:
+    from deepspeed_ext import comm
+
+    adam = _engine(ADAM)
+    _train(adam, range(5))
+    warm = _engine(onebit(freeze=100))
+    _train(warm, range(5))
+    # compression from step 4 on: the gradient all-reduce stops, the momentum is exchanged
+    bit = _engine(onebit(freeze=3))
+    _train(bit, range(3))
+    allreduce_during_warmup = not bit.enable_backward_allreduce
+    comm.configure(enabled=True)
+    _train(bit, range(3, 8))
+    names = {k: sorted(v) for k, v in comm.comms_logger.summary_rows().items()}
+    comm.configure(enabled=False)
+    comm.comms_logger.reset_data()
+    return {
+        "adam": _params(adam),
+        "warm": _params(warm),
+        "bit": _params(bit),
+        "switched_at_freeze": allreduce_during_warmup,
+        "names": names,
+    }
+
+
+def resume(ckpt: str) -> dict[str, Any]:
+    straight = _engine(onebit(freeze=3), gradient_clipping=1.0)
+    _train(straight, range(4))
+    straight.save_checkpoint(ckpt, tag="s4")
+    _train(straight, range(4, 8))
+    resumed = _engine(onebit(freeze=3), gradient_clipping=1.0)
+    resumed.load_checkpoint(ckpt, tag="s4")
+    after_load = resumed.enable_backward_allreduce
+    _train(resumed, range(4, 8))
+    return {"straight": _params(straight), "resumed": _params(resumed), "after_load": after_load}
+
+
+def tiny_gpt_losses(freeze: int, steps: int) -> list[float]:
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[4]
+    sys.path.insert(0, str(root / "examples"))
+    from corpus import CharData, generate
+    from gpt import GPT, GPTConfig
+
+    from deepspeed_ext.runtime.initialize import initialize
+
+    text = generate(60_000, seed=0)
+    data = CharData(text, 32)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=data.vocab_size, seq_len=32, n_layer=2, d_model=64))
+    opt = (
+        onebit(freeze)
+        if freeze >= 0
+        else {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
+    )
+    engine, *_ = initialize(
+        model=model, config={"train_micro_batch_size_per_gpu": 8, "optimizer": opt}
+    )
+    gen = torch.Generator().manual_seed(100 + engine.dp_rank)
+    losses = []
+    for _ in range(steps):
+        loss = engine(*data.batch(8, gen))
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return losses
