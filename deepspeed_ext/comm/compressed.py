@@ -11,7 +11,9 @@ The tensor is padded to N (a multiple of 8 w) and cut into w chunks of c = N / w
 4. all_gather: every rank receives every server's compressed chunk and decodes the mean.
 Each rank sends (w - 1) / w of N / 8 bytes in step 2 and N / (8 w) bytes to each of the others
 in step 4, so 2 (w - 1) / w x N / 8 bytes in all, against 2 (w - 1) / w x 4 N for a ring
-all-reduce of fp32 values: 1/32 of it (1/16 of fp16), plus 2 w scales. Both error buffers carry
+all-reduce of fp32 values: 1/32 of it (1/16 of fp16), plus 2 w scales. Several tensors go
+through the same four collectives (means_with_), each chunk of each tensor with its own
+scale, so a small tensor's signs are not scaled by a large one's magnitude. Both error buffers carry
 the loss into the next call, so the running sum of the results tracks the running sum of the
 true means (what momentum SGD and 1-bit Adam need). The codec (the packbits op) is handed in by
 the layer above: comm moves tensors, it does not pick kernels.
@@ -80,50 +82,79 @@ class CompressedAllReduce:
     ) -> torch.Tensor:
         """mean_() with the caller's error buffers: worker_error [padded(n)] and
         server_error [padded(n) / world], float32, on x's device."""
-        if self.world == 1:
-            return x
-        w, n = self.world, x.numel()
-        big = self.padded(n)
-        c = big // w
-        if worker_error.numel() != big or server_error.numel() != c:
-            raise ValueError(
-                f"error buffers of {worker_error.numel()} and {server_error.numel()} elements "
-                f"for a tensor of {n}: expected {big} and {c}"
-            )
-        st = _Errors(worker_error, server_error)
-        y = torch.zeros(big, dtype=torch.float32, device=x.device)
-        y[:n].copy_(x.reshape(-1))
-        # 1. worker compression, chunk by chunk (one scale each)
-        send_bits = torch.empty(w, c // 8, dtype=torch.uint8, device=x.device)
-        send_scales = torch.empty(w, dtype=torch.float32, device=x.device)
+        self.means_with_([x], [worker_error], [server_error])
+        return x
+
+    def means_with_(
+        self,
+        xs: list[torch.Tensor],
+        worker_errors: list[torch.Tensor],
+        server_errors: list[torch.Tensor],
+    ) -> None:
+        """mean_with_() of several tensors in the same four collectives, each tensor's chunks
+        keeping scales of their own (a small tensor is not drowned by a large one's scale)."""
+        if self.world == 1 or not xs:
+            return
+        w, dev = self.world, xs[0].device
+        sizes = [x.numel() for x in xs]
+        chunks = [self.padded(n) // w for n in sizes]  # per tensor: c_k, a multiple of 8
+        for x, we, se, c in zip(xs, worker_errors, server_errors, chunks):
+            if we.numel() != c * w or se.numel() != c:
+                raise ValueError(
+                    f"error buffers of {we.numel()} and {se.numel()} elements for a tensor of "
+                    f"{x.numel()}: expected {c * w} and {c}"
+                )
+        row = sum(chunks) // 8  # bytes of one rank's share: chunk r of every tensor
+        k = len(xs)
+        ys = []
+        for x, c in zip(xs, chunks):
+            y = torch.zeros(c * w, dtype=torch.float32, device=dev)
+            y[: x.numel()].copy_(x.reshape(-1))
+            ys.append(y)
+        # 1. worker compression: chunk j of tensor t, one scale each, laid out by rank j
+        send_bits = torch.empty(w, row, dtype=torch.uint8, device=dev)
+        send_scales = torch.empty(w, k, dtype=torch.float32, device=dev)
         for j in range(w):
-            bits, scale = self.codec.compress(
-                y[j * c : (j + 1) * c], st.worker[j * c : (j + 1) * c]
-            )
-            send_bits[j].copy_(bits)
-            send_scales[j : j + 1].copy_(scale)
-        # 2. chunk r of every worker to rank r
+            at = 0
+            for t, (y, we, c) in enumerate(zip(ys, worker_errors, chunks)):
+                bits, scale = self.codec.compress(y[j * c : (j + 1) * c], we[j * c : (j + 1) * c])
+                send_bits[j, at : at + c // 8].copy_(bits)
+                send_scales[j, t : t + 1].copy_(scale)
+                at += c // 8
+        # 2. share r of every worker to rank r
         recv_bits = torch.empty_like(send_bits)
         recv_scales = torch.empty_like(send_scales)
         dist.all_to_all_single(recv_bits, send_bits, group=self.pg)
         dist.all_to_all_single(recv_scales, send_scales, group=self.pg)
-        # 3. server: the mean of the workers' chunks, compressed again
-        mean = torch.zeros(c, dtype=torch.float32, device=x.device)
-        for j in range(w):
-            self.codec.decompress(recv_bits[j], recv_scales[j : j + 1] / w, c, mean, True)
-        server_bits, server_scale = self.codec.compress(mean, st.server)
-        # 4. every server's chunk to every rank
-        all_bits = torch.empty(w, c // 8, dtype=torch.uint8, device=x.device)
-        all_scales = torch.empty(w, dtype=torch.float32, device=x.device)
+        # 3. server: each tensor's chunk averaged over the workers, compressed again
+        server_bits = torch.empty(row, dtype=torch.uint8, device=dev)
+        server_scales = torch.empty(k, dtype=torch.float32, device=dev)
+        at = 0
+        for t, (se, c) in enumerate(zip(server_errors, chunks)):
+            mean = torch.zeros(c, dtype=torch.float32, device=dev)
+            for j in range(w):
+                part = recv_bits[j, at : at + c // 8]
+                self.codec.decompress(part, recv_scales[j, t : t + 1] / w, c, mean, True)
+            bits, scale = self.codec.compress(mean, se)
+            server_bits[at : at + c // 8].copy_(bits)
+            server_scales[t : t + 1].copy_(scale)
+            at += c // 8
+        # 4. every server's share to every rank, decoded into each tensor
+        all_bits = torch.empty(w, row, dtype=torch.uint8, device=dev)
+        all_scales = torch.empty(w, k, dtype=torch.float32, device=dev)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
         gather(all_bits, server_bits.reshape(1, -1), group=self.pg)
-        gather(all_scales, server_scale.reshape(1), group=self.pg)
+        gather(all_scales, server_scales.reshape(1, -1), group=self.pg)
         for j in range(w):
-            self.codec.decompress(
-                all_bits[j], all_scales[j : j + 1], c, y[j * c : (j + 1) * c], False
-            )
-        x.copy_(y[:n].view_as(x))
-        return x
+            at = 0
+            for t, (y, c) in enumerate(zip(ys, chunks)):
+                part = all_bits[j, at : at + c // 8]
+                self.codec.decompress(
+                    part, all_scales[j, t : t + 1], c, y[j * c : (j + 1) * c], False
+                )
+                at += c // 8
+        for x, y in zip(xs, ys):
+            x.copy_(y[: x.numel()].view_as(x))
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -11,9 +11,11 @@ exchanged as signs ([Note: compressed all-reduce]).
   the data-parallel group by the 1-bit all-reduce with error feedback. Every rank then holds
   the same momentum, so the same update: p -= lr / (1 - beta1^t) * m / (sqrt(v / (1 -
   beta2^freeze_step)) + eps), the variance's bias correction frozen with it.
-- The error-feedback buffers differ by rank: the optimizer's state_dict (written once, by
-  data-parallel rank 0) leaves them out and per_rank_state_dict() carries them into each
-  rank's own checkpoint file, so a resume at the same world size continues bit for bit.
+- All momenta go through one batched 1-bit all-reduce (four collectives a step, a scale
+  for each chunk of each tensor). Its error-feedback buffers differ by rank: they live
+  beside the optimizer's state (which data-parallel rank 0 writes once) and
+  per_rank_state_dict() carries them into each rank's own checkpoint file, so a resume at
+  the same world size continues bit for bit.
 """
 
 from __future__ import annotations
@@ -26,8 +28,6 @@ import torch
 from deepspeed_ext.comm.compressed import CompressedAllReduce
 
 from .codec import PackBitsCodec
-
-_PER_RANK = ("worker_error", "server_error")
 
 
 class OnebitAdam(torch.optim.Optimizer):
@@ -55,6 +55,9 @@ class OnebitAdam(torch.optim.Optimizer):
         self.comm_backend_name = comm_backend_name
         self.deepspeed: Any = None
         self.comm: CompressedAllReduce | None = None
+        # the error-feedback buffers of each momentum (this rank's own)
+        self.worker_error: list[torch.Tensor] | None = None
+        self.server_error: list[torch.Tensor] | None = None
         if deepspeed is not None:
             self.attach_engine(deepspeed)
 
@@ -89,9 +92,10 @@ class OnebitAdam(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         compress = self.compressing
+        work: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]] = []
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            lr, wd = group["lr"], group["weight_decay"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -103,65 +107,53 @@ class OnebitAdam(torch.optim.Optimizer):
                     st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["step"] += 1
-                step = st["step"]
                 grad = p.grad
                 if wd != 0:
                     p.mul_(1 - lr * wd)
-                exp_avg, exp_avg_sq = st["exp_avg"], st["exp_avg_sq"]
-                exp_avg.lerp_(grad, 1 - beta1)
-                if compress:
-                    if "worker_error" not in st:
-                        big = self._comm().padded(p.numel())
-                        st["worker_error"] = torch.zeros(big, device=p.device)
-                        st["server_error"] = torch.zeros(big // self._comm().world, device=p.device)
-                    self._comm().mean_with_(exp_avg, st["worker_error"], st["server_error"])
-                    frozen = self.freeze_step
-                else:
-                    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                    frozen = step
-                bias_correction1 = 1 - beta1**step
-                bias_correction2 = 1 - beta2**frozen
-                step_size = lr / bias_correction1
-                denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(eps)
-                p.addcdiv_(exp_avg, denom, value=-step_size)
+                st["exp_avg"].lerp_(grad, 1 - beta1)
+                if not compress:
+                    st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                work.append((p, st, group))
+        if compress and work:
+            self._exchange([st["exp_avg"] for _, st, _ in work])
+        for p, st, group in work:
+            beta1, beta2 = group["betas"]
+            step = st["step"]
+            bias_correction1 = 1 - beta1**step
+            bias_correction2 = 1 - beta2 ** (self.freeze_step if compress else step)
+            step_size = group["lr"] / bias_correction1
+            denom = (st["exp_avg_sq"].sqrt() / bias_correction2**0.5).add_(group["eps"])
+            p.addcdiv_(st["exp_avg"], denom, value=-step_size)
         if not compress and self.compressing and self.deepspeed is not None:
             self.deepspeed.enable_backward_allreduce = False  # the warm-up ends here
         return loss
 
-    # -- checkpoints: [Note: 1-bit Adam] --
-    def state_dict(self) -> dict[str, Any]:
-        full = super().state_dict()
-        full["state"] = {
-            k: {n: v for n, v in s.items() if n not in _PER_RANK} for k, s in full["state"].items()
-        }
-        return full
+    def _exchange(self, momenta: list[torch.Tensor]) -> None:
+        """Every momentum averaged over the group by one batched 1-bit all-reduce (four
+        collectives a step, whatever the number of tensors; a scale per tensor chunk)."""
+        comm = self._comm()
+        sizes = [comm.padded(m.numel()) for m in momenta]
+        if self.worker_error is None or [e.numel() for e in self.worker_error] != sizes:
+            dev = momenta[0].device
+            self.worker_error = [torch.zeros(n, device=dev) for n in sizes]
+            self.server_error = [torch.zeros(n // comm.world, device=dev) for n in sizes]
+        assert self.server_error is not None
+        comm.means_with_(momenta, self.worker_error, self.server_error)
 
+    # -- checkpoints: [Note: 1-bit Adam] --
     def per_rank_state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        i = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state.get(p, {})
-                if "worker_error" in st:
-                    out[str(i)] = {n: st[n] for n in _PER_RANK}
-                i += 1
-        return {"errors": out, "world": self._comm().world}
+        return {
+            "worker_error": self.worker_error,
+            "server_error": self.server_error,
+            "world": self._comm().world,
+        }
 
     def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
         """The error buffers this rank saved; False (buffers restart at zero) when there are
         none or they were saved at another world size."""
         ok = state is not None and state.get("world") == self._comm().world
-        i = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state.setdefault(p, {})
-                for n in _PER_RANK:
-                    st.pop(n, None)
-                saved = state["errors"].get(str(i)) if ok and state else None
-                if saved is not None:
-                    for n in _PER_RANK:
-                        st[n] = saved[n].to(p.device, torch.float32)
-                i += 1
+        self.worker_error = state["worker_error"] if ok and state else None
+        self.server_error = state["server_error"] if ok and state else None
         if self.deepspeed is not None:
             self.deepspeed.enable_backward_allreduce = not self.compressing
         return ok

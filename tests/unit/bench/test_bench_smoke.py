@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
         ("activation_checkpointing.py", ["--smoke"], "activation_checkpointing_smoke.json"),
         ("tp_step.py", ["--smoke"], "tp_step_smoke.json"),  # two 2-rank jobs, ~15 s
+        ("compressed_comm.py", ["--smoke"], "compressed_comm_smoke.json"),  # two 2-rank jobs
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
