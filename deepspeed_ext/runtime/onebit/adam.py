@@ -55,6 +55,9 @@ class OnebitAdam(torch.optim.Optimizer):
         self.comm_backend_name = comm_backend_name
         self.deepspeed: Any = None
         self.comm: CompressedAllReduce | None = None
+        # the frozen variance's denominators, made at the first compressed step (not state:
+        # derived from exp_avg_sq, so a load simply drops them)
+        self._denoms: dict[torch.Tensor, torch.Tensor] = {}
         # the error-feedback buffers of each momentum (this rank's own)
         self.worker_error: list[torch.Tensor] | None = None
         self.server_error: list[torch.Tensor] | None = None
@@ -119,10 +122,13 @@ class OnebitAdam(torch.optim.Optimizer):
         for p, st, group in work:
             beta1, beta2 = group["betas"]
             step = st["step"]
-            bias_correction1 = 1 - beta1**step
-            bias_correction2 = 1 - beta2 ** (self.freeze_step if compress else step)
-            step_size = group["lr"] / bias_correction1
-            denom = (st["exp_avg_sq"].sqrt() / bias_correction2**0.5).add_(group["eps"])
+            step_size = group["lr"] / (1 - beta1**step)
+            denom = self._denoms.get(p) if compress else None
+            if denom is None:
+                bias_correction2 = 1 - beta2 ** (self.freeze_step if compress else step)
+                denom = (st["exp_avg_sq"].sqrt() / bias_correction2**0.5).add_(group["eps"])
+                if compress:  # the variance is frozen: so is the denominator
+                    self._denoms[p] = denom
             p.addcdiv_(st["exp_avg"], denom, value=-step_size)
         if not compress and self.compressing and self.deepspeed is not None:
             self.deepspeed.enable_backward_allreduce = False  # the warm-up ends here
@@ -141,6 +147,10 @@ class OnebitAdam(torch.optim.Optimizer):
         comm.means_with_(momenta, self.worker_error, self.server_error)
 
     # -- checkpoints: [Note: 1-bit Adam] --
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._denoms = {}  # made again from the loaded variance
+        super().load_state_dict(state_dict)
+
     def per_rank_state_dict(self) -> dict[str, Any]:
         return {
             "worker_error": self.worker_error,
@@ -151,6 +161,7 @@ class OnebitAdam(torch.optim.Optimizer):
     def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
         """The error buffers this rank saved; False (buffers restart at zero) when there are
         none or they were saved at another world size."""
+        self._denoms = {}
         ok = state is not None and state.get("world") == self._comm().world
         self.worker_error = state["worker_error"] if ok and state else None
         self.server_error = state["server_error"] if ok and state else None
