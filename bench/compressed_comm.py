@@ -28,7 +28,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns  # noqa: E402
-from common import busy_warning, machine_info, median, print_table, write_result  # noqa: E402
+from common import (  # noqa: E402
+    busy_warning,
+    machine_info,
+    median,
+    print_table,
+    upstream_python,
+    write_result,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -142,6 +149,24 @@ def run_pair(args: argparse.Namespace, optimizer: str, link: netns.Link | None) 
         return json.loads(out.read_text())
 
 
+def upstream_peer() -> dict[str, Any]:
+    """Upstream 0.19.8's OnebitAdam on this machine, each comm backend it offers: whether
+    it runs, or what stops it (bench/peers/onebit_worker.py)."""
+    from peers.onebit_worker import RESULT_TAG
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
+    env.pop("PYTHONPATH", None)
+    worker = Path(__file__).resolve().parent / "peers" / "onebit_worker.py"
+    cmd = [str(upstream_python()), "-P", "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    r = subprocess.run(
+        [*cmd, str(worker)], env=env, cwd="/tmp", capture_output=True, text=True, timeout=600
+    )
+    for line in r.stdout.splitlines():
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG) :])
+    return {"error": f"the peer job failed (rc {r.returncode}): {r.stderr[-1500:]}"}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -155,6 +180,7 @@ def main() -> None:
     ap.add_argument("--rate", default="1gbit", help="the limited link's tc rate")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-upstream", action="store_true", help="skip upstream 0.19.8's run")
     args = ap.parse_args()
     if args.worker:
         return worker(args)
@@ -211,6 +237,10 @@ def main() -> None:
             ]
         )
     print_table(["case", "step ms", "wire MiB/step", "final loss"], rows)
+    peer: dict[str, Any] | None = None
+    if not (args.smoke or args.no_upstream) and upstream_python().exists():
+        peer = upstream_peer()
+        print(f"upstream 0.19.8 OnebitAdam on this machine (gloo, CPU): {peer}")
     params = runs["loopback"]["adam"][0]["params"]
     path = write_result(
         "compressed_comm",
@@ -229,6 +259,7 @@ def main() -> None:
             "machine": machine_info(),
             "busy_warning": warn,
             "summary": summary,
+            "upstream_onebit_adam": peer,
             "raw": runs,
         },
         smoke=args.smoke,
