@@ -1,6 +1,6 @@
 """`deepspeed.profiling.flops_profiler`: upstream's names for deepspeed_ext's profiler."""
 
-from deepspeed_ext.monitor.flops_profiler import (
+from .profiler import (
     FlopsProfiler,
     duration_to_string,
     flops_to_string,

@@ -23,6 +23,24 @@ def pyplot() -> Any:
     return plt
 
 
+def _axes(xlabel: str, ylabel: str, title: str) -> tuple[Any, Any, Any]:
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=SIZE_IN, dpi=DPI)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return plt, fig, ax
+
+
+def _save(plt: Any, fig: Any, path: str | Path) -> Path:
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=DPI)
+    plt.close(fig)
+    return out
+
+
 def line_chart(
     path: str | Path,
     x: Sequence[float],
@@ -33,12 +51,8 @@ def line_chart(
     right: Mapping[str, Sequence[float]] | None = None,
     right_label: str = "",
 ) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=SIZE_IN, dpi=DPI)
+    plt, fig, ax = _axes(xlabel, ylabel, title)
     handles = [ax.plot(x, ys, label=label)[0] for label, ys in series.items()]
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
     ax.grid(alpha=0.3)
     if right:
         ax2 = ax.twinx()
@@ -46,12 +60,7 @@ def line_chart(
             handles += ax2.plot(x, ys, style, color="tab:gray", label=label)
         ax2.set_ylabel(right_label)
     ax.legend(handles=handles, loc="best")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def stacked_bars(
@@ -62,24 +71,15 @@ def stacked_bars(
     ylabel: str,
     title: str,
 ) -> Path:
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=SIZE_IN, dpi=DPI)
+    plt, fig, ax = _axes(xlabel, ylabel, title)
     bottom = [0.0] * len(x)
     width = 0.8 * (min(b - a for a, b in zip(x, x[1:])) if len(x) > 1 else 1.0)
     for label, ys in parts.items():
         ax.bar(x, ys, width=width, bottom=bottom, label=label)
         bottom = [b + y for b, y in zip(bottom, ys)]
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
     ax.legend(loc="best")
     ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=DPI)
-    plt.close(fig)
-    return out
+    return _save(plt, fig, path)
 
 
 def smoothed(values: Sequence[float], window: int = 10) -> list[float]:
