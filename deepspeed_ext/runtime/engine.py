@@ -354,6 +354,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     @enable_backward_allreduce.setter
     def enable_backward_allreduce(self, value: bool) -> None:
         if not hasattr(self.strategy, "local_grads"):
+            if value:
+                return  # reducing is all this stage does
             raise ValueError(
                 f"enable_backward_allreduce=False needs zero_optimization.stage 0; stage "
                 f"{self.zero_optimization_stage()} reduces gradients into partitions"

@@ -67,6 +67,12 @@ class OnebitAdam(torch.optim.Optimizer):
     def attach_engine(self, engine: Any) -> None:
         """Exchange over the engine's data-parallel group, and switch its gradient all-reduce
         off once compression starts (also when resumed past freeze_step)."""
+        if engine.zero_optimization_stage() != 0:
+            raise ValueError(
+                "OnebitAdam runs with zero_optimization.stage 0 only (as upstream): it exchanges "
+                "compressed momentum where ZeRO reduces gradients into partitions; set the stage "
+                f"to 0 (it is {engine.zero_optimization_stage()})"
+            )
         self.deepspeed = engine
         self.comm = CompressedAllReduce(PackBitsCodec(), engine.layout.data)
         engine.enable_backward_allreduce = not self.compressing

@@ -112,3 +112,19 @@ def tiny_gpt_losses(freeze: int, steps: int) -> list[float]:
         engine.step()
         losses.append(float(loss))
     return losses
+
+
+def client_optimizer_under_zero1() -> str:
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.onebit.adam import OnebitAdam
+
+    model = mlp()
+    try:
+        initialize(
+            model=model,
+            optimizer=OnebitAdam(model.parameters()),
+            config={"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": 1}},
+        )
+    except ValueError as e:
+        return str(e)
+    return "accepted"

@@ -76,6 +76,9 @@ def test_a_tiny_gpt_learns_as_with_adam() -> None:
 def test_config_errors_name_the_key() -> None:
     with pytest.raises(ConfigError, match=r"zero_optimization.stage 0 only .*it is 2"):
         parse({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 2}})
+    # a client OnebitAdam, which no config check sees: refused when the engine takes it
+    (said,) = run_ranks(runs.client_optimizer_under_zero1, 1, timeout=120)
+    assert "zero_optimization.stage 0 only" in said and "(it is 1)" in said, said
     with pytest.raises(ValueError, match="cuda_aware=True is an MPI option"):
         OnebitAdam([torch.nn.Parameter(torch.zeros(2))], cuda_aware=True)
     with pytest.raises(ValueError, match="the MPI backend is not built"):
