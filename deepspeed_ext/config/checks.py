@@ -121,6 +121,37 @@ def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return []
 
 
+def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """Compressed gradients replace the stage-0 all-reduce: the mean, over the data group."""
+    gc = cfg.gradient_compression
+    if gc is None:
+        return []
+    out = []
+    stage = cfg.zero_optimization.stage
+    if "zero_optimization.stage" not in autos and stage != 0:
+        why = (
+            "stage 3 gathers parameters and reduce-scatters gradients per module, which the "
+            "1-bit exchange does not replace"
+            if stage == 3
+            else "the compressed reduce-scatter of ZeRO 1-2 is not built yet"
+        )
+        out.append(
+            f"gradient_compression runs with zero_optimization.stage 0 ({why}); it is {stage}"
+        )
+    if cfg.gradient_allreduce_op == "sum" or cfg.prescale_gradients:
+        out.append(
+            "gradient_compression exchanges the mean of the gradients: gradient_allreduce_op "
+            '"sum" and prescale_gradients do not apply; remove them'
+        )
+    opt = cfg.optimizer
+    if opt is not None and opt.type and str(opt.type).lower() in _ONEBIT:
+        out.append(
+            f"gradient_compression and optimizer.type '{opt.type}' both compress: the 1-bit "
+            "optimizer already exchanges compressed momentum; remove gradient_compression"
+        )
+    return out
+
+
 # monitor section -> (module it imports, what pip installs)
 _MONITOR_PACKAGES = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -157,6 +188,7 @@ CHECKS: tuple[Check, ...] = (
     _tensor_parallel,
     _monitor_packages,
     _onebit,
+    _gradient_compression,
 )
 
 

@@ -41,6 +41,7 @@ from .sections.elasticity import ElasticityConfig
 from .sections.expert_parallel import ExpertParallelConfig
 from .sections.flops_profiler import FlopsProfilerConfig
 from .sections.fp16 import FP16Config
+from .sections.gradient_compression import GradientCompressionConfig
 from .sections.hybrid_engine import HybridEngineConfig
 from .sections.jsonl_monitor import JsonlMonitorConfig
 from .sections.nebula import NebulaConfig
@@ -145,6 +146,8 @@ class DeepSpeedConfig(BaseModel):
     # Present means on (a dict of options, or true).
     weight_quantization: WeightQuantizationConfig | None = None
     datastates_ckpt: FreeDict | Bool | None = None
+    # Present means on: the data-parallel gradient exchange compressed (1-bit so far).
+    gradient_compression: GradientCompressionConfig | None = None
 
     # -- removed upstream in 0.19; still accepted from older configs ------------------------------
     amp: AmpConfig | None = None

@@ -30,7 +30,13 @@ class DataParallelStrategy:
         params = list(ctx.module.parameters())
         self.masters = MasterWeights(params)
         self.grads = GradAccumulator(
-            params, ctx.accum_dtype, ctx.bucket_numel, ctx.data, ctx.is_boundary, ctx.averaging
+            params,
+            ctx.accum_dtype,
+            ctx.bucket_numel,
+            ctx.data,
+            ctx.is_boundary,
+            ctx.averaging,
+            ctx.grad_exchange,
         )
         trainable = [
             dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in ctx.model_groups
@@ -138,9 +144,16 @@ class DataParallelStrategy:
         }
 
     def rank_state(self, optimizer: Any) -> dict[str, Any] | None:
-        """An optimizer with state of its own on each rank (1-bit Adam's error buffers)."""
+        """State of this rank's own: an optimizer's (1-bit Adam's error buffers), the
+        compressed gradient exchange's (its error buffers)."""
+        out: dict[str, Any] = {}
         own = getattr(optimizer, "per_rank_state_dict", None)
-        return {"optimizer_per_rank": own()} if own is not None else None
+        if own is not None:
+            out["optimizer_per_rank"] = own()
+        if self.grads.exchange is not None:
+            exchange: Any = self.grads.exchange
+            out["grad_exchange"] = exchange.state_dict()
+        return out or None
 
     def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None:
         load_module_state(self.module, state, strict, files.where, 0)
@@ -159,7 +172,7 @@ class DataParallelStrategy:
                 "stage it was saved with"
             )
         optimizer.load_state_dict(state["optimizer"])
-        if hasattr(optimizer, "load_per_rank_state_dict"):
+        if hasattr(optimizer, "load_per_rank_state_dict") or self.grads.exchange is not None:
             self._load_per_rank(optimizer, files)
         saved = state.get("master_weights")
         if saved is not None:
@@ -170,14 +183,19 @@ class DataParallelStrategy:
 
     def _load_per_rank(self, optimizer: Any, files: RankFiles) -> None:
         try:
-            own = files.read(self.dp.rank).get("optimizer_per_rank")
+            own = files.read(self.dp.rank)
         except FileNotFoundError:
-            own = None
-        if not optimizer.load_per_rank_state_dict(own):
+            own = {}
+        ok = True
+        if hasattr(optimizer, "load_per_rank_state_dict"):
+            ok &= optimizer.load_per_rank_state_dict(own.get("optimizer_per_rank"))
+        exchange: Any = self.grads.exchange
+        if exchange is not None:
+            ok &= exchange.load_state_dict(own.get("grad_exchange"))
+        if not ok:
             logger.warning(
-                f"{files.where}: no per-rank optimizer state for data-parallel rank "
-                f"{self.dp.rank} at this world size ({self.dp.size}); the 1-bit error-feedback "
-                "buffers restart at zero"
+                f"{files.where}: no per-rank state for data-parallel rank {self.dp.rank} at this "
+                f"world size ({self.dp.size}); the 1-bit error-feedback buffers restart at zero"
             )
 
     def sync_masters_from_model(self) -> None:

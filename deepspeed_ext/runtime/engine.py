@@ -20,6 +20,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
 from deepspeed_ext.monitor.flops_profiler.step import StepProfile
+from deepspeed_ext.runtime.onebit.gradients import CompressedGradients
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
@@ -119,6 +120,9 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 aio=aio_settings(config.aio),
                 is_boundary=self.is_gradient_accumulation_boundary,
                 averaging=comm.GradAverage.from_config(config),
+                grad_exchange=(
+                    CompressedGradients(self.layout.data) if config.gradient_compression else None
+                ),
             ),
             self.zero_optimization_stage(),
         )

@@ -30,6 +30,7 @@ class GradAccumulator:
         group: Any = None,
         is_boundary: Callable[[], bool] = lambda: True,
         averaging: GradAverage = MEAN,
+        exchange: Callable[[list[torch.Tensor]], None] | None = None,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.buckets = GradBuckets(
@@ -41,6 +42,9 @@ class GradAccumulator:
         self.sync_enabled = True  # False inside engine.no_sync()
         # True: never reduce, each rank keeps its own gradients ([Note: 1-bit Adam])
         self.local = False
+        # set: the boundary's reduction is this call on every param's gradient view (a
+        # compressed mean, gradient_compression) instead of bucket all-reduces during backward
+        self.exchange = exchange
         self.end = EndOfBackward(self.finish)  # [Note: end of backward]
         self._handles = [p.register_post_accumulate_grad_hook(self._hook) for p in self.params]
 
@@ -51,21 +55,24 @@ class GradAccumulator:
         if not self.begun:  # a plain loss.backward(): the engine's boundary decides, and
             self.begin(self.is_boundary())  # autograd's end of pass finishes it
             self.end.arm()
-        if self.reduce_now:
+        if self.reduce_now and self.exchange is None:
             self.buckets.mark_ready(p)
 
     def begin(self, boundary: bool) -> None:
         """Called before a micro-step's backward."""
         self.begun = True
         self.reduce_now = boundary and self.sync_enabled and not self.local
-        if self.reduce_now:
+        if self.reduce_now and self.exchange is None:
             self.buckets.start()
 
     def finish(self) -> None:
         """Called after a micro-step's backward: complete a boundary's all-reduce."""
         self.begun = False
         if self.reduce_now:
-            self.buckets.wait()
+            if self.exchange is not None:  # per parameter: each keeps scales of its own
+                self.exchange([self.buckets.grad_view(p) for p in self.params])
+            else:
+                self.buckets.wait()
             self.reduce_now = False
 
     def grads(self) -> list[tuple[torch.nn.Parameter, torch.Tensor]]:

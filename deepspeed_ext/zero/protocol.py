@@ -48,6 +48,9 @@ class StrategyContext:
     # the engine did not begin (a plain loss.backward()) produces its first gradient
     is_boundary: Callable[[], bool] = lambda: True
     averaging: GradAverage = MEAN  # mean or sum, and where the division happens
+    # stage 0: replaces the buckets' all-reduce by a compressed mean (gradient_compression);
+    # called with the flat buckets, keeps per-rank state (state_dict / load_state_dict)
+    grad_exchange: Any = None
 
 
 def offloaded(ctx: StrategyContext) -> bool:

@@ -19,6 +19,8 @@ SAMPLES: dict[str, Any] = {
     "compile": {"deepcompile": True},
     "compression_training": {"weight_quantization": {"shared_parameters": {"enabled": True}}},
     "sparse_attention": {"mode": "fixed"},
+    "gradient_compression.algorithm": "topk",
+    "gradient_compression.topk_ratio": 0.5,
     "tensor_parallel.dtype": "bf16",
     "tensor_parallel.vocab_parallel_ce_backend": "liger",
     "tensor_parallel.vocab_parallel_lm_head": True,

@@ -128,3 +128,51 @@ def client_optimizer_under_zero1() -> str:
     except ValueError as e:
         return str(e)
     return "accepted"
+
+
+COMPRESSED = {"gradient_compression": {"algorithm": "1bit"}}
+_TEACHER = torch.randn(16, 4, generator=torch.Generator().manual_seed(7))
+
+
+def _learn(engine: Any, steps: range) -> list[float]:
+    """A learnable task: y = tanh(x W) for a fixed W; each rank its own samples."""
+    losses = []
+    for s in steps:
+        x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1000 * s + engine.dp_rank))
+        loss = torch.nn.functional.mse_loss(engine(x), torch.tanh(x @ _TEACHER))
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+SGD = {"type": "SGD", "params": {"lr": 0.3, "momentum": 0.0}}
+
+
+def compressed_gradients(ckpt: str) -> dict[str, Any]:
+    from deepspeed_ext import comm
+
+    plain = _engine(SGD)
+    plain_losses = _learn(plain, range(80))
+    packed = _engine(SGD, **COMPRESSED)
+    comm.configure(enabled=True)
+    packed_losses = _learn(packed, range(80))
+    rows = {k: sorted(v) for k, v in comm.comms_logger.summary_rows().items()}
+    comm.configure(enabled=False)
+    comm.comms_logger.reset_data()
+    # resume: the error buffers come back from this rank's file
+    straight = _engine(SGD, **COMPRESSED)
+    _learn(straight, range(3))
+    straight.save_checkpoint(ckpt, tag="c3")
+    _learn(straight, range(3, 6))
+    resumed = _engine(SGD, **COMPRESSED)
+    resumed.load_checkpoint(ckpt, tag="c3")
+    _learn(resumed, range(3, 6))
+    return {
+        "plain": plain_losses,
+        "packed": packed_losses,
+        "packed_params": _params(packed),
+        "rows": rows,
+        "straight": _params(straight),
+        "resumed": _params(resumed),
+    }
