@@ -60,6 +60,19 @@ class CompressedAllReduce:
         self.group = group
         self.pg, self.world = resolve(group)
         self.errors: dict[Hashable, _Errors] = {}
+        # bytes this rank put on the wire, and what an fp32 all-reduce of the same tensors
+        # would have (both as nccl-tests' bus bytes), since take_window()
+        self._sent = 0.0
+        self._fp32 = 0.0
+
+    def take_window(self) -> dict[str, float]:
+        """`wire_mb` sent and `compression_x` against an fp32 all-reduce, since the last call
+        (the metrics line's columns)."""
+        if not self._sent:
+            return {}
+        out = {"wire_mb": self._sent / 2**20, "compression_x": self._fp32 / self._sent}
+        self._sent = self._fp32 = 0.0
+        return out
 
     def padded(self, n: int) -> int:
         unit = 8 * self.world
@@ -156,6 +169,9 @@ class CompressedAllReduce:
                     part, all_scales[j, t : t + 1], c, y[j * c : (j + 1) * c], False
                 )
                 at += c // 8
+        share = (w - 1) / w  # what a rank sends of an all-to-all's or all-gather's buffer
+        self._sent += share * 2 * (w * row + w * k * 4)  # signs and scales, both phases
+        self._fp32 += share * 2 * 4 * sum(sizes)
         for x, y in zip(xs, ys):
             if y.data_ptr() != x.data_ptr():
                 x.copy_(y[: x.numel()].view_as(x))

@@ -20,7 +20,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
 from deepspeed_ext.monitor.flops_profiler.step import StepProfile
-from deepspeed_ext.runtime.onebit.gradients import CompressedGradients
+from deepspeed_ext.runtime.onebit import CompressedGradients, compression_windows
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
@@ -157,7 +157,11 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             self.timers,
             throughput=bool(config.timers.throughput.enabled),
             synchronize=acc.synchronize if config.timers.throughput.synchronized else None,
-            sources=[activation_checkpointing.take_profile_ms, comm.comms_logger.take_window],
+            sources=[
+                activation_checkpointing.take_profile_ms,
+                comm.comms_logger.take_window,
+                *compression_windows(self.optimizer, self.strategy),
+            ],
         )
         self.global_steps = 0
         self.global_samples = 0

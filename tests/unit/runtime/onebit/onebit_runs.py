@@ -154,7 +154,12 @@ def compressed_gradients(ckpt: str) -> dict[str, Any]:
 
     plain = _engine(SGD)
     plain_losses = _learn(plain, range(80))
-    packed = _engine(SGD, **COMPRESSED)
+    packed = _engine(
+        SGD,
+        **COMPRESSED,
+        steps_per_print=40,
+        jsonl_monitor={"enabled": True, "output_path": ckpt, "job_name": "m"},
+    )
     comm.configure(enabled=True)
     packed_losses = _learn(packed, range(80))
     rows = {k: sorted(v) for k, v in comm.comms_logger.summary_rows().items()}
@@ -168,7 +173,17 @@ def compressed_gradients(ckpt: str) -> dict[str, Any]:
     resumed = _engine(SGD, **COMPRESSED)
     resumed.load_checkpoint(ckpt, tag="c3")
     _learn(resumed, range(3, 6))
+    import json
+    from pathlib import Path
+
+    metrics_file = Path(ckpt) / "m" / "metrics.jsonl"
+    metrics = (
+        [json.loads(x) for x in metrics_file.read_text().splitlines()]
+        if metrics_file.exists()
+        else []
+    )
     return {
+        "metrics": metrics,
         "plain": plain_losses,
         "packed": packed_losses,
         "packed_params": _params(packed),
