@@ -12,8 +12,9 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,18 @@ def busy_warning(threshold: float = 0.5) -> str | None:
         f"warning: load average {load:.2f} on {os.cpu_count()} cores before the run; "
         "other processes distort the timings (ratios included). Rerun on a quiet machine."
     )
+
+
+def progress(items: Iterable[Any], total: int, desc: str) -> Iterable[Any]:
+    """A tqdm bar over `items` on an interactive terminal (tqdm installed); the items
+    unchanged otherwise, so logs and CI output stay plain."""
+    if not sys.stderr.isatty():
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, total=total, desc=desc, unit="job", leave=False)
 
 
 def time_s(fn: Callable[[], Any]) -> float:

@@ -33,6 +33,7 @@ from common import (  # noqa: E402
     machine_info,
     median,
     print_table,
+    progress,
     upstream_python,
     write_result,
 )
@@ -198,8 +199,9 @@ def main() -> None:
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for name, rate in links:
         runs[name] = {"adam": [], "onebit": []}
-        for _ in range(args.rounds):
-            for opt in ("adam", "onebit"):  # alternating, so drift hits both
+        for r in range(args.rounds):
+            jobs = progress(("adam", "onebit"), 2, f"{name} round {r + 1}/{args.rounds}")
+            for opt in jobs:  # alternating, so drift hits both
                 if rate is None:
                     runs[name][opt].append(run_pair(args, opt, None))
                 else:

@@ -58,7 +58,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import busy_warning, machine_info, median, print_table, upstream_python, write_result
+from common import (
+    busy_warning,
+    machine_info,
+    median,
+    print_table,
+    progress,
+    upstream_python,
+    write_result,
+)
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -456,7 +464,8 @@ def run_rounds(
     names = list(contenders)
     limit_runs: list[dict[str, float]] = []
     for r in range(rounds):
-        for name in names if r % 2 == 0 else names[::-1]:
+        order = names if r % 2 == 0 else names[::-1]
+        for name in progress(order, len(order), f"round {r + 1}/{rounds}"):
             contenders[name].run_round()
         limit_runs.append(measure())
         print(
