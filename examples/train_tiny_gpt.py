@@ -2,6 +2,8 @@
 
     python examples/train_tiny_gpt.py              # 2 CPU ranks (every GPU where present)
     deepspeed --num_gpus 2 examples/train_tiny_gpt.py --steps 200
+    python examples/train_tiny_gpt.py --onebit-freeze 100       # 1-bit Adam after 100 steps
+    python examples/train_tiny_gpt.py --flops-profile-step 10   # a FLOPs profile of step 10
 
 Run plainly, it relaunches itself through the `deepspeed` launcher. Each rank trains on its
 own shard of micro-batches; the engine averages gradients across ranks, steps DeepSpeedCPUAdam
@@ -51,7 +53,25 @@ def ds_config(args: argparse.Namespace) -> dict:
         "zero_optimization": {"stage": args.zero_stage},
         # the metrics as JSON lines: `ds_report run <out>` summarizes and plots them
         "jsonl_monitor": {"enabled": True, "output_path": args.out, "job_name": "metrics"},
+        **extras(args),
     }
+
+
+def extras(args: argparse.Namespace) -> dict:
+    out: dict = {}
+    if args.onebit_freeze:
+        out["optimizer"] = {
+            "type": "OneBitAdam",
+            "params": {"lr": args.lr, "weight_decay": 0.01, "freeze_step": args.onebit_freeze},
+        }
+    if args.flops_profile_step:
+        out["flops_profiler"] = {
+            "enabled": True,
+            "profile_step": args.flops_profile_step,
+            "module_depth": 2,
+            "detailed": False,
+        }
+    return out
 
 
 @torch.no_grad()
@@ -79,6 +99,15 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2, 3))
+    ap.add_argument(
+        "--onebit-freeze",
+        type=int,
+        default=0,
+        help="train with 1-bit Adam, AdamW for this many warm-up steps (stage 0 only)",
+    )
+    ap.add_argument(
+        "--flops-profile-step", type=int, default=0, help="print a FLOPs profile of this step"
+    )
     ap.add_argument("--print-every", type=int, default=25)
     ap.add_argument("--out", default="examples/out")
     ap.add_argument("--seed", type=int, default=0)
