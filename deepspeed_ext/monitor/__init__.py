@@ -7,8 +7,10 @@ from .writers import (
     CometWriter,
     CsvWriter,
     JsonLinesWriter,
+    RankTimes,
     TensorBoardWriter,
     WandbWriter,
+    rank_times_from_config,
     upstream_tag,
     writers_from_config,
 )
@@ -19,9 +21,11 @@ __all__ = [
     "CometWriter",
     "CsvWriter",
     "JsonLinesWriter",
+    "RankTimes",
     "StepMetrics",
     "TensorBoardWriter",
     "WandbWriter",
+    "rank_times_from_config",
     "upstream_tag",
     "writers_from_config",
 ]

@@ -26,6 +26,7 @@ class StepMetrics:
         throughput: bool = True,
         synchronize: Any = None,
         sources: list[Any] | None = None,
+        rank_times: Any = None,
     ) -> None:
         # timers.throughput: off drops samples/s and tokens/s; `synchronize` (the device's,
         # when timers.throughput.synchronized) makes the step's time include queued work
@@ -39,6 +40,8 @@ class StepMetrics:
         self.print_line = every is not None
         self.every = max(1, int(every)) if every is not None else 1
         self.writers = writers
+        self.rank_times = rank_times  # every rank's own window times (RankTimes), or None
+        self._last_step = 0
         self.timers = timers
         self.peak_memory = peak_memory  # callable -> bytes
         self.world_size = world_size
@@ -66,7 +69,7 @@ class StepMetrics:
         loss_scale: float | None,
         grad_norm: float | None,
     ) -> None:
-        if not (self.print_line or self.writers):
+        if not (self.print_line or self.writers or self.rank_times):
             self._losses = []  # nobody will read them: do not hold tensors
             return
         if step % self.every != 0:
@@ -74,6 +77,9 @@ class StepMetrics:
         if self.synchronize is not None:
             self.synchronize()
         dt = max(time.perf_counter() - self._t0, 1e-9)
+        if self.rank_times is not None:
+            self.rank_times.write(step, step - self._last_step, dt)
+        self._last_step = step
         values: dict[str, float] = {}
         if self._losses:
             values["loss"] = sum(float(x) for x in self._losses) / len(self._losses)
@@ -117,6 +123,8 @@ class StepMetrics:
     def close(self) -> None:
         for w in self.writers:
             w.close()
+        if self.rank_times is not None:
+            self.rank_times.close()
 
 
 def _column(key: str, value: float) -> str:

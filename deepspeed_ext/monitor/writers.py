@@ -152,6 +152,33 @@ def _on(cfg: Any, attr: str) -> Any:
     return section if section is not None and getattr(section, "enabled", False) else None
 
 
+class RankTimes:
+    """Every rank's own wall time per metrics window, one JSON line each, beside the
+    jsonl monitor's file (`ranks/rank<N>.jsonl`): what `ds_report run` finds stragglers in.
+    Each rank writes its own file, so nothing is gathered and no rank waits for another."""
+
+    def __init__(self, path: Path, rank: int) -> None:
+        import socket
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(path, "a", buffering=1)
+        self.rank = rank
+        self.host = socket.gethostname()
+
+    def write(self, step: int, steps: int, window_s: float) -> None:
+        rec = {"step": step, "steps": steps, "window_s": window_s, "rank": self.rank}
+        self.f.write(json.dumps({**rec, "host": self.host}) + "\n")
+
+    def close(self) -> None:
+        self.f.close()
+
+
+def rank_times_from_config(cfg: Any, rank: int) -> RankTimes | None:
+    if (s := _on(cfg, "jsonl_monitor")) is None:
+        return None
+    return RankTimes(_dir(s, "deepspeed") / "ranks" / f"rank{rank}.jsonl", rank)
+
+
 def writers_from_config(cfg: Any) -> list[Writer]:
     """Writers for the enabled monitor sections (rank 0 only; the caller decides)."""
     out: list[Writer] = []

@@ -18,7 +18,13 @@ import torch
 from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
-from deepspeed_ext.monitor import MemoryBreakdown, PhaseTimers, StepMetrics, writers_from_config
+from deepspeed_ext.monitor import (
+    MemoryBreakdown,
+    PhaseTimers,
+    StepMetrics,
+    rank_times_from_config,
+    writers_from_config,
+)
 from deepspeed_ext.monitor.flops_profiler.step import StepProfile
 from deepspeed_ext.runtime.onebit import CompressedGradients, compression_windows
 from deepspeed_ext.utils.logging import logger
@@ -162,6 +168,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 comm.comms_logger.take_window,
                 *compression_windows(self.optimizer, self.strategy),
             ],
+            rank_times=rank_times_from_config(config, self.rank),
         )
         self.global_steps = 0
         self.global_samples = 0

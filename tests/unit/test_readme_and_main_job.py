@@ -51,6 +51,11 @@ def test_main_job_trains_on_two_ranks_and_writes_checkpoint_and_png(tmp_path):
     # the recorded run reads back through the report command
     from deepspeed_ext.env_report import main as ds_report
 
+    # each rank's window times, for the report's stragglers
+    assert sorted(p.name for p in (out / "metrics" / "ranks").iterdir()) == [
+        "rank0.jsonl",
+        "rank1.jsonl",
+    ]
     assert ds_report(["run", str(out), "--out", str(tmp_path / "report")]) == 0
     assert {p.name for p in (tmp_path / "report").glob("*.png")} == {
         "loss_lr.png",

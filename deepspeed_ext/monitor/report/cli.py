@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from .plots import run_plots
-from .read import ReportError, find_metrics, read_records
-from .summarize import summarize, summary_text
+from .read import ReportError, find_metrics, read_rank_times, read_records
+from .summarize import stragglers, summarize, summary_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,10 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         source = find_metrics(args.path)
         records = read_records(source)
+        rank_times = read_rank_times(source)
     except ReportError as e:
         print(f"ds_report run: {e}", file=sys.stderr)
         return 2
     s = summarize(records)
+    s["stragglers"] = stragglers(rank_times)
     plots: list[Path] = []
     if not args.no_plots:
         try:

@@ -47,3 +47,17 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     if not records:
         raise ReportError(f"{f}: empty; the run wrote no metrics yet")
     return records
+
+
+def read_rank_times(metrics_file: Path) -> list[dict[str, Any]]:
+    """Every rank's window times (monitor.RankTimes), from ranks/ beside the metrics file;
+    empty for a run that did not record them."""
+    out: list[dict[str, Any]] = []
+    for f in sorted((metrics_file.parent / "ranks").glob("rank*.jsonl")):
+        for n, line in enumerate(f.read_text().splitlines(), start=1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ReportError(f"{f}:{n}: not a JSON line ({e.msg})") from None
+    return out

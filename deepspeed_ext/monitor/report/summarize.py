@@ -65,9 +65,35 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     mem = [r["peak_mem_gib"] for r in records if "peak_mem_gib" in r]
     if mem:
         out["peak_mem_gib"] = max(mem)
-    if any("slowest_rank" in r for r in records):
-        out["stragglers"] = sorted({r["slowest_rank"] for r in records if "slowest_rank" in r})
     return out
+
+
+STRAGGLER_TOLERANCE = 0.10  # slower than the median rank by more than this, on average
+
+
+def stragglers(rank_times: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Ranks whose windows took longer than the median rank's by more than the tolerance,
+    on average over the windows after the first (the warm-up); None when not recorded."""
+    by_step: dict[int, dict[int, dict[str, Any]]] = {}
+    for r in rank_times:
+        by_step.setdefault(int(r["step"]), {})[int(r["rank"])] = r
+    steps = sorted(by_step)[1:] or sorted(by_step)
+    if not steps:
+        return None
+    ratios: dict[int, list[float]] = {}
+    hosts: dict[int, str] = {}
+    for step in steps:
+        times = by_step[step]
+        mid = statistics.median(r["window_s"] for r in times.values())
+        for rank, r in times.items():
+            ratios.setdefault(rank, []).append(r["window_s"] / mid if mid > 0 else 1.0)
+            hosts[rank] = str(r.get("host", "?"))
+    slow = [
+        {"rank": rank, "host": hosts[rank], "slower_pct": 100 * (statistics.mean(v) - 1)}
+        for rank, v in sorted(ratios.items())
+        if statistics.mean(v) > 1 + STRAGGLER_TOLERANCE
+    ]
+    return {"ranks": len(ratios), "windows": len(steps), "slow": slow}
 
 
 def summary_text(s: dict[str, Any], source: str) -> str:
@@ -109,10 +135,20 @@ def summary_text(s: dict[str, Any], source: str) -> str:
         lines.append("  communication not recorded (turn on comms_logger)")
     if "peak_mem_gib" in s:
         lines.append(f"  peak memory         {s['peak_mem_gib']:.2f} GiB")
-    if "stragglers" in s:
-        lines.append(f"  slowest ranks       {', '.join(str(r) for r in s['stragglers'])}")
-    else:
+    st = s.get("stragglers")
+    if st is None:
         lines.append(
-            "  stragglers          not recorded (per-rank step times are not in the metrics)"
+            "  stragglers          not recorded (each rank's times come with jsonl_monitor)"
         )
+    elif not st["slow"]:
+        lines.append(
+            f"  stragglers          none: {st['ranks']} ranks within "
+            f"{100 * STRAGGLER_TOLERANCE:.0f}% of the median over {st['windows']} windows"
+        )
+    else:
+        for r in st["slow"]:
+            lines.append(
+                f"  straggler           rank {r['rank']} on {r['host']}: "
+                f"{r['slower_pct']:.0f}% slower than the median rank"
+            )
     return "\n".join(lines)

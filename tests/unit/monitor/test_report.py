@@ -85,3 +85,36 @@ def test_unreadable_runs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
     (run / "other" / "metrics.jsonl").write_text(json.dumps(_record(5)) + "\n")
     assert ds_report(["run", str(run)]) == 2
     assert "several runs under it" in capsys.readouterr().err
+
+
+def _ranks(run: Path, times: dict[int, list[float]]) -> None:
+    d = run / "job" / "ranks"
+    d.mkdir()
+    for rank, ts in times.items():
+        lines = [
+            json.dumps(
+                {"step": 10 * (i + 1), "steps": 10, "window_s": t, "rank": rank, "host": f"h{rank}"}
+            )
+            for i, t in enumerate(ts)
+        ]
+        (d / f"rank{rank}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_a_rank_slower_than_the_median_is_named_with_its_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = _run(tmp_path, [_record(s) for s in (10, 20, 30, 40)])
+    # the first window (warm-up) is left out: rank 2's slow start does not count
+    _ranks(run, {0: [1.0, 1.0, 1.0, 1.0], 1: [1.0, 1.05, 0.95, 1.0], 2: [3.0, 1.02, 1.0, 1.0]})
+    assert ds_report(["run", str(run), "--no_plots"]) == 0
+    assert "stragglers          none: 3 ranks within 10% of the median over 3 windows" in (
+        capsys.readouterr().out
+    )
+    import shutil
+
+    shutil.rmtree(run / "job" / "ranks")
+    _ranks(run, {0: [1.0, 1.0, 1.0, 1.0], 1: [1.0, 1.3, 1.2, 1.25], 2: [1.0, 1.0, 1.0, 1.0]})
+    assert ds_report(["run", str(run), "--no_plots"]) == 0
+    out = capsys.readouterr().out
+    assert "straggler           rank 1 on h1: 25% slower than the median rank" in out
+    assert "rank 0" not in out and "rank 2" not in out
