@@ -121,6 +121,13 @@ def test_bench_smoke(script, args, result, tmp_path):
             assert data["summary"][name]["step_s"] > 0, data["summary"]
         # bytes, not time: each rank holds its slices and the replicated weights, exactly
         assert data["ratios"]["ours tp2 held/formula"] == 1.0, data["ratios"]
+    elif result == "compressed_comm_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        loop = data["summary"]["loopback"]  # smoke: no namespaces, no upstream
+        assert loop["adam"]["median_step_s"] > 0 and loop["onebit"]["median_step_s"] > 0
+        # bytes, not time: the signs are 1/32 of fp32 values (small tensors pad a little)
+        assert 20 < loop["bytes_ratio"] <= 32, loop
+        assert 0.9 < loop["loss_ratio"] < 1.1, loop
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]
