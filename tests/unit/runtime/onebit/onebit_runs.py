@@ -191,3 +191,33 @@ def compressed_gradients(ckpt: str) -> dict[str, Any]:
         "straight": _params(straight),
         "resumed": _params(resumed),
     }
+
+
+def pipeline_onebit() -> dict[str, Any]:
+    """2 stages x 2 data-parallel ranks, 1-bit Adam compressing from step 3."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+    from tests.unit.runtime.pipe.pipe_runs import MICRO, batches, lm_loss, specs
+
+    module = PipelineModule(
+        specs(True), num_stages=2, loss_fn=lm_loss, seed_layers=True, partition_method="uniform"
+    )
+    engine, *_ = initialize(
+        model=module,
+        config={
+            "train_micro_batch_size_per_gpu": MICRO,
+            "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": 2}},
+        },
+    )
+    dp = engine.grid.get_data_parallel_id()
+    losses = []
+    for step in range(5):
+        it = iter(batches(step, dp, 2)) if engine._needs_data() else None
+        losses.append(float(engine.train_batch(it)))
+    return {
+        "stage": engine.stage_id,
+        "losses": losses,
+        "weights": {n: p.detach().clone() for n, p in module.named_parameters()},
+        "allreduce": engine.enable_backward_allreduce,
+    }

@@ -59,6 +59,21 @@ def test_a_resume_past_the_freeze_continues_bit_for_bit(tmp_path: Path) -> None:
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in files
 
 
+def test_a_pipeline_compresses_within_each_stages_data_parallel_group() -> None:
+    outs = run_ranks(runs.pipeline_onebit, 4, timeout=300)
+    by_stage: dict[int, list[dict]] = {}
+    for o in outs:
+        assert o["allreduce"] is False  # compressing after step 2
+        by_stage.setdefault(o["stage"], []).append(o)
+    assert sorted(by_stage) == [0, 1]
+    for replicas in by_stage.values():
+        a, b = (r["weights"] for r in replicas)
+        for n in a:
+            assert torch.equal(a[n], b[n]), n  # the two data-parallel replicas stay one model
+    losses = outs[0]["losses"]
+    assert losses[-1] < losses[0], losses
+
+
 def test_a_tiny_gpt_learns_as_with_adam() -> None:
     # a third of the run as warm-up: the variance must settle before it freezes (the paper's
     # point; frozen at step 20 of 120 the run ends 16% behind Adam, at 40 2%, at 60 ahead)
