@@ -88,14 +88,7 @@ class CompressedAllReduce:
                 torch.zeros(big, dtype=torch.float32, device=x.device),
                 torch.zeros(big // self.world, dtype=torch.float32, device=x.device),
             )
-        return self.mean_with_(x, st.worker, st.server)
-
-    def mean_with_(
-        self, x: torch.Tensor, worker_error: torch.Tensor, server_error: torch.Tensor
-    ) -> torch.Tensor:
-        """mean_() with the caller's error buffers: worker_error [padded(n)] and
-        server_error [padded(n) / world], float32, on x's device."""
-        self.means_with_([x], [worker_error], [server_error])
+        self.means_with_([x], [st.worker], [st.server])
         return x
 
     def means_with_(
@@ -104,8 +97,9 @@ class CompressedAllReduce:
         worker_errors: list[torch.Tensor],
         server_errors: list[torch.Tensor],
     ) -> None:
-        """mean_with_() of several tensors in the same four collectives, each tensor's chunks
-        keeping scales of their own (a small tensor is not drowned by a large one's scale)."""
+        """mean_() of several tensors in the same four collectives, with the caller's error
+        buffers (worker [padded(n)], server [padded(n) / world], float32, on the tensors'
+        device), each tensor's chunks keeping scales of their own."""
         if self.world == 1 or not xs:
             return
         w, dev = self.world, xs[0].device
@@ -175,13 +169,3 @@ class CompressedAllReduce:
         for x, y in zip(xs, ys):
             if y.data_ptr() != x.data_ptr():
                 x.copy_(y[: x.numel()].view_as(x))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "errors": {k: {"worker": e.worker, "server": e.server} for k, e in self.errors.items()}
-        }
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.errors = {
-            k: _Errors(v["worker"].float(), v["server"].float()) for k, v in state["errors"].items()
-        }

@@ -131,8 +131,9 @@ def _column(key: str, value: float) -> str:
     """`forward_ms` -> `forward 12.3 ms`; `comm_mb` -> `comm 4.0 MB`; `compression_x` ->
     `compression 32.0x`."""
     name, _, unit = key.rpartition("_")
+    label = name.replace("_", " ")
     if unit == "mb":
-        return f"{name.replace('_', ' ')} {value:.3g} MB"
+        return f"{label} {value:.3g} MB"
     if unit == "x":
-        return f"{name.replace('_', ' ')} {value:.1f}x"
-    return f"{name.replace('_', ' ')} {value:.1f} ms"
+        return f"{label} {value:.1f}x"
+    return f"{label} {value:.1f} ms"

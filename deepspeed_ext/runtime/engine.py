@@ -26,7 +26,7 @@ from deepspeed_ext.monitor import (
     writers_from_config,
 )
 from deepspeed_ext.monitor.flops_profiler.step import StepProfile
-from deepspeed_ext.runtime.onebit import CompressedGradients, compression_windows
+from deepspeed_ext.runtime.onebit import OneBitExchange, compression_windows
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
@@ -127,7 +127,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 is_boundary=self.is_gradient_accumulation_boundary,
                 averaging=comm.GradAverage.from_config(config),
                 grad_exchange=(
-                    CompressedGradients(self.layout.data) if config.gradient_compression else None
+                    OneBitExchange(self.layout.data) if config.gradient_compression else None
                 ),
             ),
             self.zero_optimization_stage(),

@@ -17,6 +17,7 @@ Each returns (flops, macs).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -120,42 +121,21 @@ def conv_transpose(
     return 2 * macs + (out_elems if bias is not None else 0), macs
 
 
-def _norm(input: torch.Tensor, affine: bool) -> Count:
-    return input.numel() * (5 if affine else 4), 0
+def _normalization(weight_at: int) -> Callable[..., Count]:
+    """A norm's count, affine when its functional got a `weight` (positional argument
+    `weight_at`, or by name)."""
+
+    def count(input: torch.Tensor, *args: Any, **kwargs: Any) -> Count:
+        weight = args[weight_at - 1] if len(args) >= weight_at else kwargs.get("weight")
+        return input.numel() * (5 if weight is not None else 4), 0
+
+    return count
 
 
-def layer_norm(
-    input: torch.Tensor, normalized_shape: Any = None, weight: Any = None, *a: Any, **k: Any
-) -> Count:
-    return _norm(input, weight is not None)
-
-
-def batch_norm(
-    input: torch.Tensor,
-    running_mean: Any = None,
-    running_var: Any = None,
-    weight: Any = None,
-    *a: Any,
-    **k: Any,
-) -> Count:
-    return _norm(input, weight is not None)
-
-
-def group_norm(
-    input: torch.Tensor, num_groups: int = 1, weight: Any = None, *a: Any, **k: Any
-) -> Count:
-    return _norm(input, weight is not None)
-
-
-def instance_norm(
-    input: torch.Tensor,
-    running_mean: Any = None,
-    running_var: Any = None,
-    weight: Any = None,
-    *a: Any,
-    **k: Any,
-) -> Count:
-    return _norm(input, weight is not None)
+# F.layer_norm(input, normalized_shape, weight, ...), F.group_norm(input, num_groups, weight,
+# ...), F.batch_norm / F.instance_norm(input, running_mean, running_var, weight, ...)
+layer_norm = group_norm = _normalization(2)
+batch_norm = instance_norm = _normalization(3)
 
 
 def rms_norm(

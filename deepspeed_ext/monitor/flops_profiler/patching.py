@@ -76,16 +76,8 @@ _TORCH_OPS: dict[str, Callable[..., fm.Count]] = {
     "add": fm.binary,
     "einsum": fm.einsum,
 }
-_TENSOR_OPS: dict[str, Callable[..., fm.Count]] = {
-    "matmul": fm.matmul,
-    "__matmul__": fm.matmul,
-    "mm": fm.matmul,
-    "bmm": fm.matmul,
-    "addmm": fm.addmm,
-    "baddbmm": fm.addmm,
-    "mul": fm.binary,
-    "add": fm.binary,
-}
+# the same as methods (self is the first argument), and the @ operator
+_TENSOR_OPS = {**{k: v for k, v in _TORCH_OPS.items() if k != "einsum"}, "__matmul__": fm.matmul}
 
 
 class _State(threading.local):

@@ -7,7 +7,7 @@ from typing import Any
 
 from .adam import OnebitAdam
 from .codec import PackBitsCodec
-from .gradients import CompressedGradients
+from .exchange import OneBitExchange
 
 
 def compression_windows(optimizer: Any, strategy: Any) -> list[Callable[[], dict[str, float]]]:
@@ -16,10 +16,10 @@ def compression_windows(optimizer: Any, strategy: Any) -> list[Callable[[], dict
     exchange = getattr(getattr(strategy, "grads", None), "exchange", None)
     out: list[Callable[[], dict[str, float]]] = []
     if isinstance(optimizer, OnebitAdam):
-        out.append(lambda: optimizer._comm().take_window())
-    if isinstance(exchange, CompressedGradients):
+        out.append(lambda: optimizer.exchange.comm.take_window())
+    if isinstance(exchange, OneBitExchange):
         out.append(exchange.comm.take_window)
     return out
 
 
-__all__ = ["CompressedGradients", "OnebitAdam", "PackBitsCodec", "compression_windows"]
+__all__ = ["OneBitExchange", "OnebitAdam", "PackBitsCodec", "compression_windows"]

@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm.compressed import CompressedAllReduce
+from deepspeed_ext.ops.cpu_optimizer import check_hparams
 
-from .codec import PackBitsCodec
+from .exchange import OneBitExchange
 
 
 class OnebitAdam(torch.optim.Optimizer):
@@ -54,13 +54,10 @@ class OnebitAdam(torch.optim.Optimizer):
         self.freeze_step = int(freeze_step)
         self.comm_backend_name = comm_backend_name
         self.deepspeed: Any = None
-        self.comm: CompressedAllReduce | None = None
+        self._onebit: OneBitExchange | None = None
         # the frozen variance's denominators, made at the first compressed step (not state:
         # derived from exp_avg_sq, so a load simply drops them)
         self._denoms: dict[torch.Tensor, torch.Tensor] = {}
-        # the error-feedback buffers of each momentum (this rank's own)
-        self.worker_error: list[torch.Tensor] | None = None
-        self.server_error: list[torch.Tensor] | None = None
         if deepspeed is not None:
             self.attach_engine(deepspeed)
 
@@ -74,7 +71,7 @@ class OnebitAdam(torch.optim.Optimizer):
                 f"to 0 (it is {engine.zero_optimization_stage()})"
             )
         self.deepspeed = engine
-        self.comm = CompressedAllReduce(PackBitsCodec(), engine.layout.data)
+        self._onebit = OneBitExchange(engine.layout.data)
         engine.enable_backward_allreduce = not self.compressing
 
     @property
@@ -89,10 +86,12 @@ class OnebitAdam(torch.optim.Optimizer):
                     return int(st["step"])
         return 0
 
-    def _comm(self) -> CompressedAllReduce:
-        if self.comm is None:  # used outside an engine: the world is the data-parallel group
-            self.comm = CompressedAllReduce(PackBitsCodec())
-        return self.comm
+    @property
+    def exchange(self) -> OneBitExchange:
+        """The momenta's 1-bit exchange with its error buffers (this rank's own)."""
+        if self._onebit is None:  # used outside an engine: the world is the data-parallel group
+            self._onebit = OneBitExchange()
+        return self._onebit
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
@@ -123,8 +122,8 @@ class OnebitAdam(torch.optim.Optimizer):
                 if not compress:
                     st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 work.append((p, st, group))
-        if compress and work:
-            self._exchange([st["exp_avg"] for _, st, _ in work])
+        if compress and work:  # all momenta in the same four collectives
+            self.exchange([st["exp_avg"] for _, st, _ in work])
         for p, st, group in work:
             beta1, beta2 = group["betas"]
             step = st["step"]
@@ -140,37 +139,19 @@ class OnebitAdam(torch.optim.Optimizer):
             self.deepspeed.enable_backward_allreduce = False  # the warm-up ends here
         return loss
 
-    def _exchange(self, momenta: list[torch.Tensor]) -> None:
-        """Every momentum averaged over the group by one batched 1-bit all-reduce (four
-        collectives a step, whatever the number of tensors; a scale per tensor chunk)."""
-        comm = self._comm()
-        sizes = [comm.padded(m.numel()) for m in momenta]
-        if self.worker_error is None or [e.numel() for e in self.worker_error] != sizes:
-            dev = momenta[0].device
-            self.worker_error = [torch.zeros(n, device=dev) for n in sizes]
-            self.server_error = [torch.zeros(n // comm.world, device=dev) for n in sizes]
-        assert self.server_error is not None
-        comm.means_with_(momenta, self.worker_error, self.server_error)
-
     # -- checkpoints: [Note: 1-bit Adam] --
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._denoms = {}  # made again from the loaded variance
         super().load_state_dict(state_dict)
 
     def per_rank_state_dict(self) -> dict[str, Any]:
-        return {
-            "worker_error": self.worker_error,
-            "server_error": self.server_error,
-            "world": self._comm().world,
-        }
+        return self.exchange.state_dict()
 
     def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
         """The error buffers this rank saved; False (buffers restart at zero) when there are
         none or they were saved at another world size."""
         self._denoms = {}
-        ok = state is not None and state.get("world") == self._comm().world
-        self.worker_error = state["worker_error"] if ok and state else None
-        self.server_error = state["server_error"] if ok and state else None
+        ok = self.exchange.load_state_dict(state)
         if self.deepspeed is not None:
             self.deepspeed.enable_backward_allreduce = not self.compressing
         return ok
@@ -187,16 +168,11 @@ def _check(
 ) -> None:
     if amsgrad:
         raise ValueError("OnebitAdam: amsgrad=True is not supported (nor upstream); remove it")
-    if not lr >= 0:
-        raise ValueError(f"OnebitAdam: lr={lr} must be >= 0")
+    check_hparams("OnebitAdam", lr, None, tuple(betas), weight_decay)
+    if not eps > 0:  # it divides the frozen denominator for the whole compressed stage
+        raise ValueError(f"OnebitAdam: eps={eps} must be > 0")
     if int(freeze_step) < 0:
         raise ValueError(f"OnebitAdam: freeze_step={freeze_step} must be >= 0")
-    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
-        raise ValueError(f"OnebitAdam: betas={tuple(betas)} must be two values in [0, 1)")
-    if not eps > 0:
-        raise ValueError(f"OnebitAdam: eps={eps} must be > 0")
-    if weight_decay < 0:
-        raise ValueError(f"OnebitAdam: weight_decay={weight_decay} must be >= 0")
     if max_grad_norm:
         raise ValueError(
             "OnebitAdam: max_grad_norm is not used by upstream's 1-bit Adam either; clip with "
