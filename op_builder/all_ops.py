@@ -7,11 +7,19 @@ from .builder import OpBuilder
 from .cpu_adagrad import CPUAdagradBuilder
 from .cpu_adam import CPUAdamBuilder
 from .cpu_lion import CPULionBuilder
+from .huffman import HuffmanBuilder
 from .packbits import PackBitsBuilder
 
 ALL_OPS: dict[str, type[OpBuilder]] = {
     b.NAME: b
-    for b in (CPUAdamBuilder, CPUAdagradBuilder, CPULionBuilder, PackBitsBuilder, AsyncIOBuilder)
+    for b in (
+        CPUAdamBuilder,
+        CPUAdagradBuilder,
+        CPULionBuilder,
+        PackBitsBuilder,
+        HuffmanBuilder,
+        AsyncIOBuilder,
+    )
 }
 
 
