@@ -1,6 +1,8 @@
-"""1-bit Adam against Adam, 2 ranks: bytes on the wire per step, step time, and the loss
-after the same steps, on loopback and on a rate-limited link (two network namespaces joined
-by a veth pair with a tc rate limit, made here and removed after; needs root).
+"""Compressed communication against Adam's fp32 exchange, 2 ranks: 1-bit Adam, and Adam with
+the gradient_compression section (1-bit, 2-bit, top-k with Huffman rows; at stage 0 and under
+ZeRO 2 against ZeRO 2's fp32 reduce-scatter). Bytes on the wire per step, step time, and the
+loss after the same steps, on loopback and on a rate-limited link (two network namespaces
+joined by a veth pair with a tc rate limit, made here and removed after; needs root).
 
     python bench/compressed_comm.py                  # loopback and a 1 Gbit/s link
     python bench/compressed_comm.py --rate 500mbit
@@ -54,12 +56,10 @@ def worker(args: argparse.Namespace) -> None:
     model = torch.nn.Sequential(
         *[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())]
     )
-    opt: dict[str, Any] = {"type": "Adam", "params": {"lr": 1e-3}}
+    config = {"train_micro_batch_size_per_gpu": args.batch, **CASES[args.optimizer]}
     if args.optimizer == "onebit":
-        opt = {"type": "OneBitAdam", "params": {"lr": 1e-3, "freeze_step": args.warmup}}
-    engine, *_ = initialize(
-        model=model, config={"train_micro_batch_size_per_gpu": args.batch, "optimizer": opt}
-    )
+        config["optimizer"]["params"]["freeze_step"] = args.warmup
+    engine, *_ = initialize(model=model, config=config)
     teacher = torch.nn.Linear(width, width)
     gen = torch.Generator().manual_seed(1 + engine.dp_rank)
 
@@ -99,6 +99,22 @@ def worker(args: argparse.Namespace) -> None:
             )
         )
     engine.destroy()
+
+
+ADAM = {"type": "Adam", "params": {"lr": 1e-3}}
+ZERO2 = {"zero_optimization": {"stage": 2}}
+TOPK = {"algorithm": "topk", "topk_ratio": 0.01, "huffman_coding": True}
+# case -> config; each is compared with the fp32 case of its stage (BASELINE)
+CASES: dict[str, dict[str, Any]] = {
+    "adam": {"optimizer": ADAM},
+    "onebit": {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}},
+    "gc-1bit": {"optimizer": ADAM, "gradient_compression": {"algorithm": "1bit"}},
+    "gc-2bit": {"optimizer": ADAM, "gradient_compression": {"algorithm": "2bit"}},
+    "gc-topk": {"optimizer": ADAM, "gradient_compression": TOPK},
+    "adam-z2": {"optimizer": ADAM, **ZERO2},
+    "gc-topk-z2": {"optimizer": ADAM, "gradient_compression": TOPK, **ZERO2},
+}
+BASELINE = {c: "adam-z2" if c.endswith("-z2") else "adam" for c in CASES}
 
 
 def run_pair(args: argparse.Namespace, optimizer: str, link: netns.Link | None) -> dict[str, Any]:
@@ -182,11 +198,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-upstream", action="store_true", help="skip upstream 0.19.8's run")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated: " + ", ".join(CASES))
     args = ap.parse_args()
     if args.worker:
         return worker(args)
     if args.smoke:
         args.width, args.layers, args.steps, args.warmup, args.rounds = 256, 2, 3, 2, 1
+    cases = args.cases.split(",")
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        raise SystemExit(f"--cases: unknown {unknown}; expected some of {list(CASES)}")
+    cases = list(dict.fromkeys([*(BASELINE[c] for c in cases), *cases]))
     warn = busy_warning()
     if warn:
         print(warn)
@@ -198,9 +220,9 @@ def main() -> None:
         print(f"rate-limited link skipped: {why_not}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for name, rate in links:
-        runs[name] = {"adam": [], "onebit": []}
+        runs[name] = {c: [] for c in cases}
         for r in range(args.rounds):
-            jobs = progress(("adam", "onebit"), 2, f"{name} round {r + 1}/{args.rounds}")
+            jobs = progress(cases, len(cases), f"{name} round {r + 1}/{args.rounds}")
             for opt in jobs:  # alternating, so drift hits both
                 if rate is None:
                     runs[name][opt].append(run_pair(args, opt, None))
@@ -217,27 +239,30 @@ def main() -> None:
                 "wire_bytes_per_step": median([r["wire_bytes_per_step"] for r in results]),
                 "final_loss": median([r["losses"][-1] for r in results]),
             }
-        s["speedup"] = s["adam"]["median_step_s"] / s["onebit"]["median_step_s"]
-        s["bytes_ratio"] = s["adam"]["wire_bytes_per_step"] / s["onebit"]["wire_bytes_per_step"]
-        s["loss_ratio"] = s["onebit"]["final_loss"] / s["adam"]["final_loss"]
+        for case in cases:
+            base = s[BASELINE[case]]
+            if case == BASELINE[case]:
+                continue
+            s[case]["speedup"] = base["median_step_s"] / s[case]["median_step_s"]
+            s[case]["bytes_ratio"] = base["wire_bytes_per_step"] / s[case]["wire_bytes_per_step"]
+            s[case]["loss_ratio"] = s[case]["final_loss"] / base["final_loss"]
         summary[name] = s
-        for opt in ("adam", "onebit"):
+        for case in cases:
+            c = s[case]
+            vs = (
+                f" ({c['speedup']:.2f}x faster, {c['bytes_ratio']:.1f}x fewer bytes, loss "
+                f"{c['loss_ratio']:.3f}x vs {BASELINE[case]})"
+                if "speedup" in c
+                else ""
+            )
             rows.append(
                 [
-                    f"{name} {opt}",
-                    f"{s[opt]['median_step_s'] * 1e3:.0f}",
-                    f"{s[opt]['wire_bytes_per_step'] / 2**20:.2f}",
-                    f"{s[opt]['final_loss']:.5f}",
+                    f"{name} {case}",
+                    f"{c['median_step_s'] * 1e3:.0f}",
+                    f"{c['wire_bytes_per_step'] / 2**20:.2f}",
+                    f"{c['final_loss']:.5f}{vs}",
                 ]
             )
-        rows.append(
-            [
-                f"{name} adam / 1-bit",
-                f"{s['speedup']:.2f}x",
-                f"{s['bytes_ratio']:.1f}x",
-                f"{s['loss_ratio']:.3f} (1-bit / adam)",
-            ]
-        )
     print_table(["case", "step ms", "wire MiB/step", "final loss"], rows)
     peer: dict[str, Any] | None = None
     if not (args.smoke or args.no_upstream) and upstream_python().exists():
@@ -254,6 +279,7 @@ def main() -> None:
                 "ranks": 2,
                 "timed_steps": args.steps,
                 "freeze_step": args.warmup,
+                "cases": {c: CASES[c] for c in cases},
                 "rounds": args.rounds,
                 "rate_limited_link": None if why_not or args.smoke else args.rate,
                 "why_no_limited_link": why_not,

@@ -122,26 +122,36 @@ def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
 
 
 def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
-    """Compressed gradients replace the stage-0 all-reduce: the mean, over the data group."""
+    """Compressed gradients replace the data-parallel all-reduce (stage 0) or reduce-scatter
+    (ZeRO 1/2) of the mean."""
     gc = cfg.gradient_compression
     if gc is None:
         return []
     out = []
     stage = cfg.zero_optimization.stage
-    if "zero_optimization.stage" not in autos and stage != 0:
-        why = (
-            "stage 3 gathers parameters and reduce-scatters gradients per module, which the "
-            "1-bit exchange does not replace"
-            if stage == 3
-            else "the compressed reduce-scatter of ZeRO 1-2 is not built yet"
-        )
+    if "zero_optimization.stage" not in autos and stage == 3:
         out.append(
-            f"gradient_compression runs with zero_optimization.stage 0 ({why}); it is {stage}"
+            "gradient_compression runs with zero_optimization.stage 0, 1 or 2: stage 3 "
+            "reduce-scatters each module's gradients as backward reaches it, one collective per "
+            "module, where error feedback would need a full-size buffer per module; set the "
+            "stage to 2 or remove gradient_compression"
         )
-    if cfg.gradient_allreduce_op == "sum" or cfg.prescale_gradients:
+    if gc.algorithm != "topk":
+        for key in ("topk_ratio", "huffman_coding"):
+            if key in gc.model_fields_set:
+                out.append(
+                    f"gradient_compression.{key} applies to algorithm 'topk' (the (index, value) "
+                    f"pairs), not '{gc.algorithm}'; set algorithm to 'topk' or remove {key}"
+                )
+    if (
+        cfg.gradient_allreduce_op == "sum"
+        or cfg.prescale_gradients
+        or cfg.gradient_predivide_factor != 1.0
+    ):
         out.append(
-            "gradient_compression exchanges the mean of the gradients: gradient_allreduce_op "
-            '"sum" and prescale_gradients do not apply; remove them'
+            "gradient_compression exchanges the mean of the gradients, decoded in fp32: "
+            'gradient_allreduce_op "sum", prescale_gradients and gradient_predivide_factor do '
+            "not apply; remove them"
         )
     opt = cfg.optimizer
     if opt is not None and opt.type and str(opt.type).lower() in _ONEBIT:

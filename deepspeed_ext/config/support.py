@@ -59,12 +59,6 @@ REFUSED: dict[str, Rule] = {
     "progressive_layer_drop": Rule(f"progressive layer drop {_UNBUILT}"),
     "quantize_training": Rule(f"quantization-aware training {_UNBUILT}"),
     "sparse_attention": Rule("the sparse_attention section is not built yet"),
-    "gradient_compression.algorithm": Rule(
-        f"compressed gradients are built for algorithm '1bit'; top-k and 2-bit {_UNBUILT}",
-        allowed=("1bit",),
-    ),
-    "gradient_compression.huffman_coding": Rule(f"Huffman-coded top-k pairs {_UNBUILT}"),
-    "gradient_compression.topk_ratio": Rule(f"top-k compression {_UNBUILT}"),
     "tensor_parallel.vocab_parallel_lm_head": Rule(
         f"a vocabulary-parallel lm_head {_UNBUILT}; lm_head stays whole", allowed=(False,)
     ),

@@ -26,7 +26,7 @@ from deepspeed_ext.monitor import (
     writers_from_config,
 )
 from deepspeed_ext.monitor.flops_profiler.step import StepProfile
-from deepspeed_ext.runtime.onebit import OneBitExchange, compression_windows
+from deepspeed_ext.runtime.compression import compression_windows, gradient_exchange
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
@@ -112,6 +112,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         bucket = self._bucket_numel(params, elem)
         # engine.config reports what runs: the bucket size the runtime picked
         self.config = config = config.with_values({"zero_optimization.reduce_bucket_size": bucket})
+        grad_exchange = gradient_exchange(config.gradient_compression, self.layout.data)
         self.strategy: GradientStrategy = make_strategy(
             StrategyContext(
                 module=self.module,
@@ -126,9 +127,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 aio=aio_settings(config.aio),
                 is_boundary=self.is_gradient_accumulation_boundary,
                 averaging=comm.GradAverage.from_config(config),
-                grad_exchange=(
-                    OneBitExchange(self.layout.data) if config.gradient_compression else None
-                ),
+                grad_exchange=grad_exchange,
             ),
             self.zero_optimization_stage(),
         )
@@ -166,7 +165,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             sources=[
                 activation_checkpointing.take_profile_ms,
                 comm.comms_logger.take_window,
-                *compression_windows(self.optimizer, self.strategy),
+                *compression_windows(self.optimizer, grad_exchange),
             ],
             rank_times=rank_times_from_config(config, self.rank),
         )

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 
 def rank_state(s: ZeroStrategy, optimizer: Any) -> dict[str, Any]:
-    return {
+    out = {
         "optimizer_state_dict": optimizer.state_dict(),
         "fp32_partitions": s.master_partitions(),
         "zero_stage": s.stage,
@@ -27,6 +27,9 @@ def rank_state(s: ZeroStrategy, optimizer: Any) -> dict[str, Any]:
         "zero_layouts": s.layouts(),
         "ds_version": __version__,
     }
+    if s.exchange is not None:  # gradient_compression's error buffers: this rank's own
+        out["grad_exchange"] = s.exchange.state_dict()
+    return out
 
 
 def load_partitions(
@@ -46,6 +49,8 @@ def load_partitions(
     s.check_layouts(part["zero_layouts"])
     optimizer.load_state_dict(part["optimizer_state_dict"])
     s.load_master_partitions(part["fp32_partitions"])
+    if s.exchange is not None and not s.exchange.load_state_dict(part.get("grad_exchange")):
+        _errors_restart(s, files)
 
 
 def _load_resharded(s: ZeroStrategy, optimizer: Any, files: RankFiles, saved_world: int) -> None:
@@ -55,7 +60,17 @@ def _load_resharded(s: ZeroStrategy, optimizer: Any, files: RankFiles, saved_wor
     first = files.read(0)
     s.check_names([GroupLayout.from_dict(d) for d in first["zero_layouts"]])
     s.load_named_state(optimizer, from_zero(files), files.where)
+    if s.exchange is not None:
+        s.exchange.load_state_dict(None)
+        _errors_restart(s, files)
     logger.info(
         f"resharded ZeRO checkpoint {files.where} from {saved_world} to {s.world} "
         "data-parallel ranks"
+    )
+
+
+def _errors_restart(s: ZeroStrategy, files: RankFiles) -> None:
+    logger.warning(
+        f"{files.where}: no compressed-gradient error buffers for data-parallel rank {s.rank} "
+        f"at this world size ({s.world}); they restart at zero"
     )

@@ -9,6 +9,9 @@ Stage 2 reduce-scatters every micro-step as each bucket completes, adds the resu
 chunk-sized gradient per bucket, and frees the bucket buffer: at most `max_in_flight` buckets
 exist at once, so no rank ever holds a full gradient. Buckets are reduced strictly in layout
 order on every rank (a different order across ranks would mismatch the collectives).
+With gradient_compression an `exchange` replaces the fp32 reduce-scatter: each bucket's chunks
+go compressed to their owners, which decode the mean in full precision, synchronously, with
+this rank's error buffer for that bucket ([Note: compressed all-reduce]).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ class ShardedReducer:
         max_in_flight: int = 2,
         averaging: GradAverage = MEAN,
         host_grads: bool = False,
+        exchange: Any = None,
     ) -> None:
         self.dp = group  # data-parallel
+        self.exchange = exchange
         self.before, self.after = averaging.factors(group.size)
         self.is_boundary = is_boundary  # for a backward the engine did not begin
         self.begun = False  # begin() ran for the backward under way
@@ -81,6 +86,7 @@ class ShardedReducer:
         self.reduce_now = False
         self._pending: list[int] = []
         self._next = len(self.order)
+        # (work, reduced chunk, bucket buffer, bucket index); work None: already the mean
         self._inflight: deque[tuple[Any, torch.Tensor, torch.Tensor, int]] = deque()
         self._copies: Any = None  # an event after the last async copy to the host
         self._copy_stream: Any = None
@@ -140,9 +146,13 @@ class ShardedReducer:
         # In place: the result lands in this rank's own chunk of the bucket buffer, so no
         # per-step output buffers are allocated (glibc keeps such churn resident).
         out = self._own(buf, grp)
-        if self.before != 1:
-            buf.mul_(self.before)
-        work = reduce_scatter_bucket(out, buf, group=self.dp)
+        if self.exchange is not None:
+            self.exchange.reduce_scatter(i, buf, out)
+            work = None
+        else:
+            if self.before != 1:
+                buf.mul_(self.before)
+            work = reduce_scatter_bucket(out, buf, group=self.dp)
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
             self.buffers.pop(i, None)  # the in-flight entry keeps it alive until reduced
@@ -151,10 +161,11 @@ class ShardedReducer:
 
     def _drain_one(self) -> None:
         work, out, buf, i = self._inflight.popleft()
-        work.wait()
         g, b = self.order[i]
         grp = self.groups[g]
-        out.mul_(self.after)  # the average over ranks, as DDP (or the sum)
+        if work is not None:
+            work.wait()
+            out.mul_(self.after)  # the average over ranks, as DDP (or the sum)
         dst = grp.grads[b]
         if self.every_micro:  # offloaded: a blocking copy, as add_ reads it on the host now
             dst.add_(out if out.device == dst.device else out.to(dst.device))

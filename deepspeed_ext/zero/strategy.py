@@ -55,7 +55,9 @@ class ZeroStrategy:
             lambda: ctx.is_boundary() and self.sync_enabled,
             averaging=ctx.averaging,
             host_grads=offloaded(ctx),
+            exchange=ctx.grad_exchange,
         )
+        self.exchange = ctx.grad_exchange  # its error buffers go to this rank's file
         self.sync_enabled = True
         # Our CPU optimizers take 16-bit grads for fp32 masters as they are; others get fp32.
         self.mixed_grads_ok = False

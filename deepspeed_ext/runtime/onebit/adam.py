@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from deepspeed_ext.ops.cpu_optimizer import check_hparams
-
-from .exchange import OneBitExchange
+from deepspeed_ext.runtime.compression import CompressedExchange, SignCodec
 
 
 class OnebitAdam(torch.optim.Optimizer):
@@ -54,7 +53,7 @@ class OnebitAdam(torch.optim.Optimizer):
         self.freeze_step = int(freeze_step)
         self.comm_backend_name = comm_backend_name
         self.deepspeed: Any = None
-        self._onebit: OneBitExchange | None = None
+        self._onebit: CompressedExchange | None = None
         # the frozen variance's denominators, made at the first compressed step (not state:
         # derived from exp_avg_sq, so a load simply drops them)
         self._denoms: dict[torch.Tensor, torch.Tensor] = {}
@@ -71,7 +70,7 @@ class OnebitAdam(torch.optim.Optimizer):
                 f"to 0 (it is {engine.zero_optimization_stage()})"
             )
         self.deepspeed = engine
-        self._onebit = OneBitExchange(engine.layout.data)
+        self._onebit = CompressedExchange(SignCodec(), engine.layout.data)
         engine.enable_backward_allreduce = not self.compressing
 
     @property
@@ -87,10 +86,10 @@ class OnebitAdam(torch.optim.Optimizer):
         return 0
 
     @property
-    def exchange(self) -> OneBitExchange:
+    def exchange(self) -> CompressedExchange:
         """The momenta's 1-bit exchange with its error buffers (this rank's own)."""
         if self._onebit is None:  # used outside an engine: the world is the data-parallel group
-            self._onebit = OneBitExchange()
+            self._onebit = CompressedExchange(SignCodec())
         return self._onebit
 
     @torch.no_grad()

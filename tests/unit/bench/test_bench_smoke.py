@@ -27,7 +27,12 @@ ROOT = Path(__file__).resolve().parents[3]
         ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
         ("activation_checkpointing.py", ["--smoke"], "activation_checkpointing_smoke.json"),
         ("tp_step.py", ["--smoke"], "tp_step_smoke.json"),  # two 2-rank jobs, ~15 s
-        ("compressed_comm.py", ["--smoke"], "compressed_comm_smoke.json"),  # two 2-rank jobs
+        # four 2-rank jobs: the two cases and their fp32 baselines
+        (
+            "compressed_comm.py",
+            ["--smoke", "--cases", "onebit,gc-topk-z2"],
+            "compressed_comm_smoke.json",
+        ),
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -126,8 +131,11 @@ def test_bench_smoke(script, args, result, tmp_path):
         loop = data["summary"]["loopback"]  # smoke: no namespaces, no upstream
         assert loop["adam"]["median_step_s"] > 0 and loop["onebit"]["median_step_s"] > 0
         # bytes, not time: the signs are 1/32 of fp32 values (small tensors pad a little)
-        assert 20 < loop["bytes_ratio"] <= 32, loop
-        assert 0.9 < loop["loss_ratio"] < 1.1, loop
+        assert 20 < loop["onebit"]["bytes_ratio"] <= 32, loop
+        assert 0.9 < loop["onebit"]["loss_ratio"] < 1.1, loop
+        # ZeRO 2 with top-k: the reduce-scatter shrinks, the fp32 parameter gather does not
+        assert loop["gc-topk-z2"]["bytes_ratio"] > 1.5, loop
+        assert 0.8 < loop["gc-topk-z2"]["loss_ratio"] < 1.2, loop
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

@@ -156,6 +156,14 @@ def _zero3_nvme(d: str) -> dict[str, Any]:
     )
 
 
+def _compressed(d: str) -> dict[str, Any]:
+    return _base(
+        d,
+        gradient_compression={"algorithm": "topk", "topk_ratio": 0.5, "huffman_coding": True},
+        zero_optimization={"stage": 1},
+    )
+
+
 # A client optimizer where the scenario's keys are about client optimizers.
 CLIENT: dict[str, Callable[[Any], Any]] = {
     "zero2_fp16": lambda groups: torch.optim.AdamW(groups, lr=1e-3),
@@ -167,6 +175,7 @@ SCENARIOS: dict[str, Callable[[str], dict[str, Any]]] = {
     "zero2_fp16": _zero2_fp16,
     "zero1_bf16": _zero1_bf16,
     "zero3_nvme": _zero3_nvme,
+    "compressed": _compressed,
 }
 
 

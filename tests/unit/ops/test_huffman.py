@@ -42,7 +42,9 @@ def skewed(n: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize(
     "data",
     [
-        torch.randint(0, 256, (100_003,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)),
+        torch.randint(
+            0, 256, (100_003,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)
+        ),
         skewed(65_536, 1),
         torch.full((1000,), 7, dtype=torch.uint8),  # one value: one bit each
         torch.tensor([3], dtype=torch.uint8),

@@ -221,3 +221,41 @@ def pipeline_onebit() -> dict[str, Any]:
         "weights": {n: p.detach().clone() for n, p in module.named_parameters()},
         "allreduce": engine.enable_backward_allreduce,
     }
+
+
+ZERO_CASES = [
+    ({"algorithm": "2bit"}, 1),
+    ({"algorithm": "topk", "topk_ratio": 0.3, "huffman_coding": True}, 2),
+    ({"algorithm": "1bit"}, 2),
+]
+
+
+def compressed_gradients_under_zero(ckpt: str) -> dict[str, Any]:
+    """Each case against fp32 gradients at the same stage, and a resume of the last."""
+    from deepspeed_ext import comm
+
+    out: dict[str, Any] = {}
+    for section, stage in ZERO_CASES:
+        zero = {"zero_optimization": {"stage": stage}}
+        plain = _learn(_engine(SGD, **zero), range(60))
+        engine = _engine(SGD, gradient_compression=section, **zero)
+        comm.configure(enabled=True)
+        packed = _learn(engine, range(60))
+        rows = {k: sorted(v) for k, v in comm.comms_logger.summary_rows().items()}
+        comm.configure(enabled=False)
+        comm.comms_logger.reset_data()
+        out[f"{section['algorithm']}-{stage}"] = {
+            "plain": plain,
+            "packed": packed,
+            "rows": rows,
+            "params": _params(engine),
+        }
+    straight = _engine(SGD, gradient_compression=section, **zero)
+    _learn(straight, range(3))
+    straight.save_checkpoint(ckpt, tag="z3")
+    _learn(straight, range(3, 6))
+    resumed = _engine(SGD, gradient_compression=section, **zero)
+    resumed.load_checkpoint(ckpt, tag="z3")
+    _learn(resumed, range(3, 6))
+    out["straight"], out["resumed"] = _params(straight), _params(resumed)
+    return out
