@@ -172,13 +172,15 @@ class DataParallelStrategy:
                 "stage it was saved with"
             )
         optimizer.load_state_dict(state["optimizer"])
-        if hasattr(optimizer, "load_per_rank_state_dict") or self.grads.exchange is not None:
-            self._load_per_rank(optimizer, files)
         saved = state.get("master_weights")
         if saved is not None:
             names = [n for n, _ in self.module.named_parameters()]
             for m, n in zip(self.masters.masters, names):
                 m.copy_(saved[n])
+        # after the masters: 0/1 Adam's local steps leave each rank's params its own
+        if hasattr(optimizer, "load_per_rank_state_dict") or self.grads.exchange is not None:
+            self._load_per_rank(optimizer, files)
+        if saved is not None or hasattr(optimizer, "load_per_rank_state_dict"):
             self.masters.copy_to_model()
 
     def _load_per_rank(self, optimizer: Any, files: RankFiles) -> None:

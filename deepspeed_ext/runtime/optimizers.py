@@ -14,8 +14,9 @@ from deepspeed_ext.ops.lamb import FusedLamb
 from deepspeed_ext.ops.lion import DeepSpeedCPULion
 
 from .onebit.adam import OnebitAdam
+from .onebit.zoadam import ZeroOneAdam
 
-OUR_NAMES = ("adam", "adamw", "adagrad", "lamb", "lion", "sgd", "onebitadam")
+OUR_NAMES = ("adam", "adamw", "adagrad", "lamb", "lion", "sgd", "onebitadam", "zerooneadam")
 
 
 def _torch_optimizers() -> dict[str, type]:
@@ -68,9 +69,11 @@ def build_optimizer(
             return FusedLamb(params, **hp)
         if key == "onebitadam":
             return OnebitAdam(params, deepspeed=engine, **hp)
-        if key in ("zerooneadam", "onebitlamb"):
+        if key == "zerooneadam":
+            return ZeroOneAdam(params, deepspeed=engine, **hp)
+        if key == "onebitlamb":
             raise OptimizerConfigError(
-                f"optimizer.type '{name}' is not built yet (1-bit Adam is: 'OneBitAdam')"
+                f"optimizer.type '{name}' is not built yet ('OneBitAdam' and 'ZeroOneAdam' are)"
             )
         torch_opts = _torch_optimizers()
         if key in torch_opts:

@@ -3,5 +3,6 @@
 from __future__ import annotations
 
 from .adam import OnebitAdam
+from .zoadam import ZeroOneAdam
 
-__all__ = ["OnebitAdam"]
+__all__ = ["OnebitAdam", "ZeroOneAdam"]

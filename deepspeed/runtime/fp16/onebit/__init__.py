@@ -1,5 +1,6 @@
-"""`deepspeed.runtime.fp16.onebit`: 1-bit Adam under upstream's import path."""
+"""`deepspeed.runtime.fp16.onebit`: the 1-bit optimizers under upstream's import path."""
 
 from deepspeed_ext.runtime.onebit.adam import OnebitAdam
+from deepspeed_ext.runtime.onebit.zoadam import ZeroOneAdam
 
-__all__ = ["OnebitAdam"]
+__all__ = ["OnebitAdam", "ZeroOneAdam"]

@@ -26,7 +26,7 @@ def _train(engine: Any, steps: range) -> list[float]:
         loss = loss_fn(engine, x, y)
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -81,7 +81,8 @@ def resume(ckpt: str) -> dict[str, Any]:
     return {"straight": _params(straight), "resumed": _params(resumed), "after_load": after_load}
 
 
-def tiny_gpt_losses(freeze: int, steps: int) -> list[float]:
+def tiny_gpt_losses(steps: int, optimizers: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
+    """Each optimizer's losses on the same tiny GPT run (the same data on each rank)."""
     import sys
     from pathlib import Path
 
@@ -92,26 +93,24 @@ def tiny_gpt_losses(freeze: int, steps: int) -> list[float]:
 
     from deepspeed_ext.runtime.initialize import initialize
 
-    text = generate(60_000, seed=0)
-    data = CharData(text, 32)
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=data.vocab_size, seq_len=32, n_layer=2, d_model=64))
-    opt = (
-        onebit(freeze)
-        if freeze >= 0
-        else {"type": "Adam", "params": {"lr": 1e-2, "weight_decay": 0.01, "torch_adam": True}}
-    )
-    engine, *_ = initialize(
-        model=model, config={"train_micro_batch_size_per_gpu": 8, "optimizer": opt}
-    )
-    gen = torch.Generator().manual_seed(100 + engine.dp_rank)
-    losses = []
-    for _ in range(steps):
-        loss = engine(*data.batch(8, gen))
-        engine.backward(loss)
-        engine.step()
-        losses.append(float(loss))
-    return losses
+    data = CharData(generate(60_000, seed=0), 32)
+    out = {}
+    for name, opt in optimizers.items():
+        torch.manual_seed(0)
+        model = GPT(GPTConfig(vocab_size=data.vocab_size, seq_len=32, n_layer=2, d_model=64))
+        engine, *_ = initialize(
+            model=model, config={"train_micro_batch_size_per_gpu": 8, "optimizer": opt}
+        )
+        gen = torch.Generator().manual_seed(100 + engine.dp_rank)
+        losses = []
+        for _ in range(steps):
+            loss = engine(*data.batch(8, gen))
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+        out[name] = losses
+        engine.destroy()
+    return out
 
 
 def client_optimizer_under_zero1() -> str:
@@ -259,3 +258,51 @@ def compressed_gradients_under_zero(ckpt: str) -> dict[str, Any]:
     _learn(resumed, range(3, 6))
     out["straight"], out["resumed"] = _params(straight), _params(resumed)
     return out
+
+
+def zero_one(freeze: int, scaler: int, **extra: Any) -> dict[str, Any]:
+    params = {"lr": 1e-2, "weight_decay": 0.01, "var_freeze_step": freeze}
+    params.update(var_update_scaler=scaler, local_step_scaler=2, local_step_clipper=4)
+    params.update(extra)
+    return {"type": "ZeroOneAdam", "params": params}
+
+
+def zero_one_schedule() -> dict[str, Any]:
+    """Warm-up against Adam; then the schedule of full all-reduces and of synchronisations."""
+    from deepspeed_ext import comm
+
+    adam, warm = _engine(ADAM), _engine(zero_one(freeze=100, scaler=100))
+    _train(adam, range(6))
+    _train(warm, range(6))
+    engine = _engine(zero_one(freeze=8, scaler=2))
+    allreduce, same, rows = [], [], []
+    for s in range(16):
+        allreduce.append(engine.enable_backward_allreduce)
+        comm.configure(enabled=True)
+        _train(engine, range(s, s + 1))
+        rows.append(sorted(comm.comms_logger.summary_rows()))
+        comm.configure(enabled=False)
+        comm.comms_logger.reset_data()
+        mine = torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()])
+        everyone = [torch.empty_like(mine) for _ in range(engine.dp_world_size)]
+        torch.distributed.all_gather(everyone, mine)
+        same.append(all(torch.equal(everyone[0], o) for o in everyone[1:]))
+    return {
+        "adam": _params(adam),
+        "warm": _params(warm),
+        "allreduce": allreduce,
+        "same": same,
+        "rows": rows,
+    }
+
+
+def zero_one_resume(ckpt: str) -> dict[str, Any]:
+    """Saved between two synchronisations of the local phase (the ranks' params differ)."""
+    straight = _engine(zero_one(freeze=4, scaler=2))
+    _train(straight, range(11))
+    straight.save_checkpoint(ckpt, tag="z11")
+    _train(straight, range(11, 16))
+    resumed = _engine(zero_one(freeze=4, scaler=2))
+    resumed.load_checkpoint(ckpt, tag="z11")
+    _train(resumed, range(11, 16))
+    return {"straight": _params(straight), "resumed": _params(resumed)}

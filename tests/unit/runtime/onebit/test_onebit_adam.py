@@ -75,17 +75,29 @@ def test_a_pipeline_compresses_within_each_stages_data_parallel_group() -> None:
 
 
 def test_a_tiny_gpt_learns_as_with_adam() -> None:
+    """1-bit Adam and 0/1 Adam against Adam on one tiny GPT run (one spawn for all)."""
     # a third of the run as warm-up: the variance must settle before it freezes (the paper's
     # point; frozen at step 20 of 120 the run ends 16% behind Adam, at 40 2%, at 60 ahead)
     steps, freeze = 120, 40
-    adam = run_ranks(runs.tiny_gpt_losses, 2, -1, steps, timeout=300)[0]
-    bit = run_ranks(runs.tiny_gpt_losses, 2, freeze, steps, timeout=300)[0]
+    optimizers = {
+        "adam": runs.ADAM,
+        "onebit": runs.onebit(freeze),
+        # every variance update kept, local steps of up to 2 (measured: 1.8% behind Adam)
+        "zero_one": runs.zero_one(freeze, 1000, local_step_scaler=10, local_step_clipper=2),
+        # upstream's variance thinning (var_update_scaler 16): on a run this short the
+        # variance it keeps is weighted to the first steps' large gradients, so it steps
+        # shorter (measured: 9.5% behind Adam; 10% without any compression at all)
+        "zero_one_thinned": runs.zero_one(freeze, 16, local_step_scaler=10, local_step_clipper=4),
+    }
+    losses = run_ranks(runs.tiny_gpt_losses, 2, steps, optimizers, timeout=300)[0]
+    adam, bit = losses["adam"], losses["onebit"]
     assert adam[:freeze] == bit[:freeze]  # the warm-up is AdamW's, bit for bit
-    last_adam = sum(adam[-20:]) / 20
-    last_bit = sum(bit[-20:]) / 20
-    assert last_adam < 0.75 * adam[0]  # it learned
-    # stated tolerance: the mean loss of the last 20 steps within 5% of Adam's
-    assert abs(last_bit - last_adam) / last_adam < 0.05, (last_adam, last_bit)
+    assert adam[:16] == losses["zero_one_thinned"][:16]  # 16 variance steps: AdamW's too
+    last = {k: sum(v[-20:]) / 20 for k, v in losses.items()}
+    assert last["adam"] < 0.75 * adam[0]  # it learned
+    # stated tolerances on the mean loss of the last 20 steps against Adam's
+    for name, tolerance in (("onebit", 0.05), ("zero_one", 0.05), ("zero_one_thinned", 0.12)):
+        assert abs(last[name] - last["adam"]) / last["adam"] < tolerance, (name, last)
 
 
 def test_config_errors_name_the_key() -> None:

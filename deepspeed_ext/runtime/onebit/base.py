@@ -1,0 +1,107 @@
+"""What the 1-bit optimizers share: the engine they switch the gradient all-reduce of, the
+compressed exchange over its data-parallel group (signs, [Note: compressed all-reduce]) whose
+error buffers are this rank's own, and the checks of upstream's shared parameters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.ops.cpu_optimizer import check_hparams
+from deepspeed_ext.runtime.compression import CompressedExchange, SignCodec
+
+
+class OneBitOptimizer(torch.optim.Optimizer):
+    deepspeed: Any = None
+    _onebit: CompressedExchange | None = None
+
+    def attach_engine(self, engine: Any) -> None:
+        """Exchange over the engine's data-parallel group; the engine's gradient all-reduce
+        follows allreduce_next() from now on (also when resumed)."""
+        if engine.zero_optimization_stage() != 0:
+            raise ValueError(
+                f"{type(self).__name__} runs with zero_optimization.stage 0 only (as upstream): "
+                "it exchanges compressed state where ZeRO reduces gradients into partitions; "
+                f"set the stage to 0 (it is {engine.zero_optimization_stage()})"
+            )
+        self.deepspeed = engine
+        self._onebit = CompressedExchange(SignCodec(), engine.layout.data)
+        self._switch_allreduce()
+
+    def allreduce_next(self) -> bool:
+        """Whether the next step wants all-reduced gradients (else each rank's own)."""
+        raise NotImplementedError  # each optimizer's schedule
+
+    def _switch_allreduce(self) -> None:
+        if self.deepspeed is not None:
+            self.deepspeed.enable_backward_allreduce = self.allreduce_next()
+
+    @property
+    def exchange(self) -> CompressedExchange:
+        """The 1-bit exchange with its error buffers (this rank's own)."""
+        if self._onebit is None:  # used outside an engine: the world is the data-parallel group
+            self._onebit = CompressedExchange(SignCodec())
+        return self._onebit
+
+    def _first_state(self) -> dict[str, Any]:
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state.get(p)
+                if st:
+                    return st
+        return {}
+
+    # -- checkpoints: the optimizer state is written once (data-parallel rank 0); what
+    # differs by rank goes to each rank's own file --
+    def per_rank_state_dict(self) -> dict[str, Any]:
+        return {"errors": self.exchange.state_dict()}
+
+    def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
+        """This rank's own state; False (error buffers restart at zero) when none was saved
+        at this world size."""
+        ok = self.exchange.load_state_dict((state or {}).get("errors"))
+        self._switch_allreduce()
+        return ok
+
+
+def check_common(
+    name: str,
+    lr: float,
+    betas: Any,
+    eps: float,
+    weight_decay: float,
+    max_grad_norm: float,
+    amsgrad: bool,
+    eps_inside_sqrt: bool,
+    cuda_aware: bool,
+    comm_backend_name: str,
+) -> None:
+    if amsgrad:
+        raise ValueError(f"{name}: amsgrad=True is not supported (nor upstream); remove it")
+    check_hparams(name, lr, None, tuple(betas), weight_decay)
+    if not eps > 0:  # it divides the frozen denominator for the whole compressed stage
+        raise ValueError(f"{name}: eps={eps} must be > 0")
+    if max_grad_norm:
+        raise ValueError(
+            f"{name}: max_grad_norm is not used by upstream's 1-bit optimizers either; clip "
+            "with the config's gradient_clipping instead"
+        )
+    if eps_inside_sqrt:
+        raise ValueError(f"{name}: eps_inside_sqrt=True is not built; remove it")
+    if comm_backend_name not in ("nccl", "gloo", "compressed", "hccl"):
+        raise ValueError(
+            f"{name}: comm_backend_name={comm_backend_name!r}: the 1-bit all-reduce runs over "
+            "the torch.distributed group (nccl, gloo, hccl); the MPI backend is not built"
+        )
+    if cuda_aware:
+        raise ValueError(
+            f"{name}: cuda_aware=True is an MPI option and the MPI backend is not built; "
+            "remove it (the exchange runs over the torch.distributed group)"
+        )
+
+
+def check_steps(name: str, **steps: int) -> None:
+    for key, value in steps.items():
+        if int(value) < 0:
+            raise ValueError(f"{name}: {key}={value} must be >= 0")
