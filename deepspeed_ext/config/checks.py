@@ -101,7 +101,6 @@ def _refused(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
 
 
 _ONEBIT = {"onebitadam": "OneBitAdam", "zerooneadam": "ZeroOneAdam", "onebitlamb": "OneBitLamb"}
-_ONEBIT_BUILT = ("onebitadam", "zerooneadam")
 
 
 def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
@@ -109,9 +108,6 @@ def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     opt = cfg.optimizer
     if opt is None or not opt.type or str(opt.type).lower() not in _ONEBIT:
         return []
-    name = str(opt.type).lower()
-    if name not in _ONEBIT_BUILT:
-        return [f"optimizer.type '{opt.type}' is not built yet; 'OneBitAdam' and 'ZeroOneAdam' are"]
     stage = cfg.zero_optimization.stage
     if "zero_optimization.stage" not in autos and stage != 0:
         return [

@@ -14,9 +14,20 @@ from deepspeed_ext.ops.lamb import FusedLamb
 from deepspeed_ext.ops.lion import DeepSpeedCPULion
 
 from .onebit.adam import OnebitAdam
+from .onebit.lamb import OnebitLamb
 from .onebit.zoadam import ZeroOneAdam
 
-OUR_NAMES = ("adam", "adamw", "adagrad", "lamb", "lion", "sgd", "onebitadam", "zerooneadam")
+OUR_NAMES = (
+    "adam",
+    "adamw",
+    "adagrad",
+    "lamb",
+    "lion",
+    "sgd",
+    "onebitadam",
+    "zerooneadam",
+    "onebitlamb",
+)
 
 
 def _torch_optimizers() -> dict[str, type]:
@@ -72,9 +83,7 @@ def build_optimizer(
         if key == "zerooneadam":
             return ZeroOneAdam(params, deepspeed=engine, **hp)
         if key == "onebitlamb":
-            raise OptimizerConfigError(
-                f"optimizer.type '{name}' is not built yet ('OneBitAdam' and 'ZeroOneAdam' are)"
-            )
+            return OnebitLamb(params, deepspeed=engine, **hp)
         torch_opts = _torch_optimizers()
         if key in torch_opts:
             return torch_opts[key](params, **hp)

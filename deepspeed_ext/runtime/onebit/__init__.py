@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .adam import OnebitAdam
+from .lamb import OnebitLamb
 from .zoadam import ZeroOneAdam
 
-__all__ = ["OnebitAdam", "ZeroOneAdam"]
+__all__ = ["OnebitAdam", "OnebitLamb", "ZeroOneAdam"]

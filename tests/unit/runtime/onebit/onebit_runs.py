@@ -306,3 +306,49 @@ def zero_one_resume(ckpt: str) -> dict[str, Any]:
     resumed.load_checkpoint(ckpt, tag="z11")
     _train(resumed, range(11, 16))
     return {"straight": _params(straight), "resumed": _params(resumed)}
+
+
+LAMB = {"type": "Lamb", "params": {"lr": 1e-2, "weight_decay": 0.01}}
+
+
+def onebit_lamb(freeze: int) -> dict[str, Any]:
+    return {
+        "type": "OneBitLamb",
+        "params": {"lr": 1e-2, "weight_decay": 0.01, "freeze_step": freeze},
+    }
+
+
+def onebit_lamb_runs(ckpt: str) -> dict[str, Any]:
+    """Warm-up against LAMB, the switch, one model on every rank, and a resume."""
+    from deepspeed_ext import comm
+
+    lamb, warm = _engine(LAMB), _engine(onebit_lamb(100))
+    _train(lamb, range(5))
+    _train(warm, range(5))
+    bit = _engine(onebit_lamb(3))
+    allreduce = []
+    for s in range(8):
+        allreduce.append(bit.enable_backward_allreduce)
+        if s == 6:
+            comm.configure(enabled=True)
+        _train(bit, range(s, s + 1))
+    rows = sorted(comm.comms_logger.summary_rows())
+    comm.configure(enabled=False)
+    comm.comms_logger.reset_data()
+    straight = _engine(onebit_lamb(3), gradient_clipping=1.0)
+    _train(straight, range(5))
+    straight.save_checkpoint(ckpt, tag="l5")
+    _train(straight, range(5, 9))
+    resumed = _engine(onebit_lamb(3), gradient_clipping=1.0)
+    resumed.load_checkpoint(ckpt, tag="l5")
+    _train(resumed, range(5, 9))
+    return {
+        "lamb": _params(lamb),
+        "warm": _params(warm),
+        "bit": _params(bit),
+        "coeffs": bit.optimizer.get_lamb_coeffs(),
+        "allreduce": allreduce,
+        "rows": rows,
+        "straight": _params(straight),
+        "resumed": _params(resumed),
+    }
