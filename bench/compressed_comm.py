@@ -57,8 +57,11 @@ def worker(args: argparse.Namespace) -> None:
         *[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())]
     )
     config = {"train_micro_batch_size_per_gpu": args.batch, **CASES[args.optimizer]}
-    if args.optimizer == "onebit":
-        config["optimizer"]["params"]["freeze_step"] = args.warmup
+    params = config["optimizer"]["params"]
+    if args.optimizer in ("onebit", "onebit-lamb"):
+        params["freeze_step"] = args.warmup
+    if args.optimizer == "zero-one":
+        params.update(var_freeze_step=args.warmup, local_step_clipper=4)
     engine, *_ = initialize(model=model, config=config)
     teacher = torch.nn.Linear(width, width)
     gen = torch.Generator().manual_seed(1 + engine.dp_rank)
@@ -108,13 +111,24 @@ TOPK = {"algorithm": "topk", "topk_ratio": 0.01, "huffman_coding": True}
 CASES: dict[str, dict[str, Any]] = {
     "adam": {"optimizer": ADAM},
     "onebit": {"optimizer": {"type": "OneBitAdam", "params": {"lr": 1e-3}}},
+    # 0/1 Adam: every variance step kept through the warm-up, then local steps of up to 4
+    "zero-one": {
+        "optimizer": {
+            "type": "ZeroOneAdam",
+            "params": {"lr": 1e-3, "var_update_scaler": 1000, "local_step_scaler": 2},
+        }
+    },
+    "lamb": {"optimizer": {"type": "Lamb", "params": {"lr": 1e-3}}},
+    "onebit-lamb": {"optimizer": {"type": "OneBitLamb", "params": {"lr": 1e-3}}},
     "gc-1bit": {"optimizer": ADAM, "gradient_compression": {"algorithm": "1bit"}},
     "gc-2bit": {"optimizer": ADAM, "gradient_compression": {"algorithm": "2bit"}},
     "gc-topk": {"optimizer": ADAM, "gradient_compression": TOPK},
     "adam-z2": {"optimizer": ADAM, **ZERO2},
     "gc-topk-z2": {"optimizer": ADAM, "gradient_compression": TOPK, **ZERO2},
 }
-BASELINE = {c: "adam-z2" if c.endswith("-z2") else "adam" for c in CASES}
+BASELINE = {
+    c: "adam-z2" if c.endswith("-z2") else "lamb" if "lamb" in c else "adam" for c in CASES
+}
 
 
 def run_pair(args: argparse.Namespace, optimizer: str, link: netns.Link | None) -> dict[str, Any]:
