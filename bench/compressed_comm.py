@@ -126,9 +126,7 @@ CASES: dict[str, dict[str, Any]] = {
     "adam-z2": {"optimizer": ADAM, **ZERO2},
     "gc-topk-z2": {"optimizer": ADAM, "gradient_compression": TOPK, **ZERO2},
 }
-BASELINE = {
-    c: "adam-z2" if c.endswith("-z2") else "lamb" if "lamb" in c else "adam" for c in CASES
-}
+BASELINE = {c: "adam-z2" if c.endswith("-z2") else "lamb" if "lamb" in c else "adam" for c in CASES}
 
 
 def run_pair(args: argparse.Namespace, optimizer: str, link: netns.Link | None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ struct ScalarOps {
   static V div(V a, V b) { return a / b; }
   static V fma(V a, V b, V c) { return std::fma(a, b, c); }  // a*b+c
   static V sqrt(V a) { return std::sqrt(a); }
+  static V abs(V a) { return std::fabs(a); }
   static V sign(V a) { return a > 0.f ? 1.f : (a < 0.f ? -1.f : 0.f); }
   // [Note: sign packing] (packbits/packbits.h): lane j of the mask is bit j, set for a >= 0
   static uint32_t nonneg_mask(V a) { return a >= 0.f ? 1u : 0u; }
@@ -57,6 +58,7 @@ struct VecOps {
   static V div(V a, V b) { return _mm512_div_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
   static V sqrt(V a) { return _mm512_sqrt_ps(a); }
+  static V abs(V a) { return _mm512_abs_ps(a); }
   static V sign(V a) {
     const __mmask16 pos = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ);
     const __mmask16 neg = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_LT_OQ);
@@ -108,6 +110,7 @@ struct VecOps {
   static V div(V a, V b) { return _mm256_div_ps(a, b); }
   static V fma(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
   static V sqrt(V a) { return _mm256_sqrt_ps(a); }
+  static V abs(V a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), a); }
   static V sign(V a) {
     const V zero = _mm256_setzero_ps();
     const V pos = _mm256_and_ps(_mm256_cmp_ps(a, zero, _CMP_GT_OQ), _mm256_set1_ps(1.f));

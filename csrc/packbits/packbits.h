@@ -24,4 +24,22 @@ void pack_signs(DType t, const void* x, float* err, float scale, uint8_t* bits, 
 // out[i] = (accumulate ? out[i] : 0) + (bit i ? scale : -scale) over [0, n)
 void unpack_signs(const uint8_t* bits, float scale, float* out, int64_t n, bool accumulate);
 
+// [Note: two-bit packing]
+// Two bit planes in the layout of [Note: sign packing]: the sign of y = x + err (set when
+// y >= 0) and its level (set when |y| >= cut). A value decodes to +-hi or +-lo; with err,
+// err := y - that. The gradient codec picks cut = mean |y|, hi and lo = the mean |y| at or
+// above the cut and below it (abs_sum_above gives the sums and counts).
+
+// sum and count of |x + err| over the elements whose |x + err| >= cut (cut < 0: all)
+void abs_sum_above(DType t, const void* x, const float* err, int64_t n, float cut, double* sum,
+                   int64_t* count);
+
+// both planes of y = x + err over [0, n) (n a multiple of 8 except for a tensor's last piece)
+void pack_two_bits(DType t, const void* x, float* err, float cut, float lo, float hi,
+                   uint8_t* signs, uint8_t* levels, int64_t n);
+
+// out[i] = (accumulate ? out[i] : 0) + (sign ? 1 : -1) * (level ? hi : lo) over [0, n)
+void unpack_two_bits(const uint8_t* signs, const uint8_t* levels, float lo, float hi, float* out,
+                     int64_t n, bool accumulate);
+
 }  // namespace ds

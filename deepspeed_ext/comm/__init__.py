@@ -21,6 +21,7 @@ from .comms_logging import comms_logger
 from .comms_summary import configure, log_summary
 from .env import DistEnv, discover, free_port
 from .grid import PipelineParallelGrid
+from .hierarchical import NodeGroups, node_groups
 from .init import (
     destroy_process_group,
     get_local_rank,
@@ -48,6 +49,8 @@ from .sharded import (
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
+    "NodeGroups",
+    "node_groups",
     "comms_logger",
     "configure",
     "log_summary",

@@ -20,6 +20,7 @@ import torch
 
 from .averaging import MEAN, GradAverage
 from .checked import dist
+from .hierarchical import HierarchicalWork, NodeGroups
 from .layout import resolve
 
 
@@ -31,8 +32,11 @@ class GradBuckets:
         dtype: torch.dtype,
         group: Any = None,
         averaging: GradAverage = MEAN,
+        hierarchy: NodeGroups | None = None,
     ) -> None:
         self.group, self.world = resolve(group)  # an AxisGroup: the data-parallel one
+        # set: each bucket's sum by node ([Note: hierarchical all-reduce])
+        self.hierarchy = hierarchy
         factors = averaging.factors(self.world) if self.world > 1 else (1.0, 1.0)
         self.before, self.after = factors
         # [bucket] -> flat buffer; params laid out in reverse order
@@ -76,6 +80,9 @@ class GradBuckets:
         self._works = []
 
     def mark_ready(self, p: torch.Tensor) -> None:
+        for w in self._works:  # a hierarchical sum's next collective, if its last is done
+            if isinstance(w, HierarchicalWork):
+                w.poll()
         self._pending[self._bucket_of[p]] -= 1
         while self._next < len(self.buffers) and self._pending[self._next] == 0:
             self._launch(self._next)
@@ -85,7 +92,12 @@ class GradBuckets:
         if self.world > 1:
             if self.before != 1:
                 self.buffers[b].mul_(self.before)
-            self._works.append(dist.all_reduce(self.buffers[b], group=self.group, async_op=True))
+            if self.hierarchy is not None:
+                self._works.append(HierarchicalWork(self.buffers[b], self.hierarchy))
+            else:
+                self._works.append(
+                    dist.all_reduce(self.buffers[b], group=self.group, async_op=True)
+                )
 
     def wait(self) -> None:
         """Finish every bucket (launching those whose params got no gradient this step)."""

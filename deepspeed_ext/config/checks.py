@@ -159,6 +159,30 @@ def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return out
 
 
+def _communication(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """The hierarchical all-reduce replaces the stage-0 gradient buckets' all-reduce."""
+    if cfg.communication.topology != "hierarchical":
+        if "ranks_per_node" in cfg.communication.model_fields_set:
+            return [
+                "communication.ranks_per_node applies with communication.topology "
+                "'hierarchical'; set the topology or remove ranks_per_node"
+            ]
+        return []
+    stage = cfg.zero_optimization.stage
+    if "zero_optimization.stage" not in autos and stage != 0:
+        return [
+            "communication.topology 'hierarchical' applies to the stage-0 gradient all-reduce; "
+            f"ZeRO stage {stage} reduce-scatters into partitions, which stays flat: set the "
+            "stage to 0 or the topology to 'flat'"
+        ]
+    if cfg.gradient_compression is not None:
+        return [
+            "communication.topology 'hierarchical' and gradient_compression both replace the "
+            "gradient all-reduce; keep one"
+        ]
+    return []
+
+
 # monitor section -> (module it imports, what pip installs)
 _MONITOR_PACKAGES = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -196,6 +220,7 @@ CHECKS: tuple[Check, ...] = (
     _monitor_packages,
     _onebit,
     _gradient_compression,
+    _communication,
 )
 
 

@@ -30,6 +30,7 @@ from .sections.bf16 import BF16Config
 from .sections.checkpoint import CheckpointConfig
 from .sections.comet import CometConfig
 from .sections.comms_logger import CommsLoggerConfig
+from .sections.communication import CommunicationConfig
 from .sections.compile import CompileConfig
 from .sections.compression_training import CompressionTrainingConfig
 from .sections.csv_monitor import CSVMonitorConfig
@@ -146,8 +147,9 @@ class DeepSpeedConfig(BaseModel):
     # Present means on (a dict of options, or true).
     weight_quantization: WeightQuantizationConfig | None = None
     datastates_ckpt: FreeDict | Bool | None = None
-    # Present means on: the data-parallel gradient exchange compressed (1-bit so far).
+    # Present means on: the data-parallel gradient exchange compressed.
     gradient_compression: GradientCompressionConfig | None = None
+    communication: CommunicationConfig = CommunicationConfig()
 
     # -- removed upstream in 0.19; still accepted from older configs ------------------------------
     amp: AmpConfig | None = None

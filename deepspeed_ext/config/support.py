@@ -187,9 +187,7 @@ INERT: dict[str, str] = {
 
 # Keys some guides use for features other issues build: not in the typed config yet, so
 # unknown, but the error says what they are rather than suggesting a near spelling.
-NOT_YET: dict[str, str] = {
-    "communication": "the communication section (compressed and hierarchical; not built yet)",
-}
+NOT_YET: dict[str, str] = {}
 
 # Keys the config parser itself consumes.
 PARSER_KEYS = frozenset({"strict"})

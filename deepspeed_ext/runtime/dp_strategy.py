@@ -37,6 +37,7 @@ class DataParallelStrategy:
             ctx.is_boundary,
             ctx.averaging,
             ctx.grad_exchange,
+            ctx.hierarchy,
         )
         trainable = [
             dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in ctx.model_groups

@@ -27,6 +27,7 @@ from deepspeed_ext.monitor import (
 )
 from deepspeed_ext.monitor.flops_profiler.step import StepProfile
 from deepspeed_ext.runtime.compression import compression_windows, gradient_exchange
+from deepspeed_ext.runtime.node_topology import gradient_hierarchy
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
@@ -113,6 +114,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         # engine.config reports what runs: the bucket size the runtime picked
         self.config = config = config.with_values({"zero_optimization.reduce_bucket_size": bucket})
         grad_exchange = gradient_exchange(config.gradient_compression, self.layout.data)
+        hierarchy = gradient_hierarchy(config.communication, self.layout.data)
         self.strategy: GradientStrategy = make_strategy(
             StrategyContext(
                 module=self.module,
@@ -128,6 +130,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 is_boundary=self.is_gradient_accumulation_boundary,
                 averaging=comm.GradAverage.from_config(config),
                 grad_exchange=grad_exchange,
+                hierarchy=hierarchy,
             ),
             self.zero_optimization_stage(),
         )

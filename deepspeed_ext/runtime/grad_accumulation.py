@@ -31,10 +31,16 @@ class GradAccumulator:
         is_boundary: Callable[[], bool] = lambda: True,
         averaging: GradAverage = MEAN,
         exchange: Callable[[list[torch.Tensor]], None] | None = None,
+        hierarchy: Any = None,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.buckets = GradBuckets(
-            self.params, bucket_numel, accum_dtype, group=group, averaging=averaging
+            self.params,
+            bucket_numel,
+            accum_dtype,
+            group=group,
+            averaging=averaging,
+            hierarchy=hierarchy,
         )
         self.reduce_now = False  # set by the engine before a boundary micro-step's backward
         self.begun = False  # begin() ran for the backward under way

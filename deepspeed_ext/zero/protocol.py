@@ -51,6 +51,9 @@ class StrategyContext:
     # stage 0: replaces the buckets' all-reduce by a compressed mean (gradient_compression);
     # called with the flat buckets, keeps per-rank state (state_dict / load_state_dict)
     grad_exchange: Any = None
+    # stage 0: each gradient bucket's sum by node (comm.NodeGroups; [Note: hierarchical
+    # all-reduce]), None: one flat all-reduce
+    hierarchy: Any = None
 
 
 def offloaded(ctx: StrategyContext) -> bool:

@@ -51,7 +51,9 @@ class SignCodec:
 
 
 class TwoBitCodec:
-    """2 bits a value: a sign and a low/high magnitude level, two scales a chunk."""
+    """2 bits a value: a sign and a low/high magnitude level, two scales a chunk. CPU
+    tensors run the packbits op's two-bit kernels ([Note: two-bit packing]); others (and
+    the tests' reference) the same math in torch ops."""
 
     name = "2bit"
 
@@ -59,6 +61,32 @@ class TwoBitCodec:
         return 8 + 2 * _aligned(packed_numel(c))
 
     def encode(self, x: torch.Tensor, error: torch.Tensor, out: torch.Tensor) -> None:
+        n, pn = x.numel(), packed_numel(x.numel())
+        nb = _aligned(pn)
+        signs, levels = out[8 : 8 + pn], out[8 + nb : 8 + nb + pn]
+        if x.device.type != "cpu":
+            return self.encode_torch(x, error, out)
+        ops = packbits_op(x.device)
+        x = x.reshape(-1)
+        total, _ = ops.abs_sum_above(x, error, -1.0)
+        cut = total / max(n, 1)
+        high_sum, high_n = ops.abs_sum_above(x, error, cut)
+        low = (total - high_sum) / max(n - high_n, 1)
+        high = high_sum / max(high_n, 1)
+        ops.pack2(x, error, cut, low, high, signs, levels)
+        out[:8].view(torch.float32).copy_(torch.tensor([low, high], dtype=torch.float32))
+
+    def decode(
+        self, payload: torch.Tensor, c: int, out: torch.Tensor, weight: float, accumulate: bool
+    ) -> None:
+        if payload.device.type != "cpu":
+            return self.decode_torch(payload, c, out, weight, accumulate)
+        nb, pn = _aligned(packed_numel(c)), packed_numel(c)
+        low, high = (payload[:8].view(torch.float32) * weight).tolist()
+        signs, levels = payload[8 : 8 + pn], payload[8 + nb : 8 + nb + pn]
+        packbits_op(payload.device).unpack2(signs, levels, low, high, out, accumulate)
+
+    def encode_torch(self, x: torch.Tensor, error: torch.Tensor, out: torch.Tensor) -> None:
         y = x.reshape(-1).float() + error
         mag = y.abs()
         cut = mag.mean()
@@ -78,7 +106,7 @@ class TwoBitCodec:
         ops.pack(mag - cut, None, one, out[8 + nb : 8 + nb + packed_numel(y.numel())])
         out[:8].view(torch.float32).copy_(levels)
 
-    def decode(
+    def decode_torch(
         self, payload: torch.Tensor, c: int, out: torch.Tensor, weight: float, accumulate: bool
     ) -> None:
         nb, pn = _aligned(packed_numel(c)), packed_numel(c)
@@ -112,7 +140,7 @@ class TopKCodec:
     def encode(self, x: torch.Tensor, error: torch.Tensor, out: torch.Tensor) -> None:
         y = x.reshape(-1).float() + error
         k = self.k(y.numel())
-        index = y.abs().topk(k, sorted=False).indices.sort().values
+        index = _largest(y.abs(), k)
         values = y[index]
         error.copy_(y)
         error[index] = 0
@@ -130,6 +158,25 @@ class TopKCodec:
             out.zero_()
         out.index_add_(0, index, values, alpha=weight)
 
+
+def _largest(mag: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the k largest values, ascending. Exact: a threshold from a sample keeps
+    a few more than k candidates (every one of the k largest among them whenever at least k
+    pass it), and the exact top-k runs on those only; when too few pass, on everything."""
+    n = mag.numel()
+    if k * 8 < n and n > _SAMPLE:
+        gen = torch.Generator(device=mag.device).manual_seed(n)  # the same bits every call
+        sample = mag[torch.randint(0, n, (_SAMPLE,), device=mag.device, generator=gen)]
+        # aim for 1.5 k candidates (a few extra against the sample's noise)
+        keep = max(1, int(_SAMPLE * (1 - 1.5 * k / n)))
+        candidates = (mag >= sample.kthvalue(keep).values).nonzero().view(-1)
+        if candidates.numel() >= k:
+            best = mag[candidates].topk(k, sorted=False).indices
+            return candidates[best].sort().values
+    return mag.topk(k, sorted=False).indices.sort().values
+
+
+_SAMPLE = 16384
 
 _ONES: dict[torch.device, torch.Tensor] = {}
 

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[3]
             ["--smoke", "--cases", "onebit,gc-topk-z2"],
             "compressed_comm_smoke.json",
         ),
+        ("hierarchical_allreduce.py", ["--smoke"], "hierarchical_allreduce_smoke.json"),
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -136,6 +137,10 @@ def test_bench_smoke(script, args, result, tmp_path):
         # ZeRO 2 with top-k: the reduce-scatter shrinks, the fp32 parameter gather does not
         assert loop["gc-topk-z2"]["bytes_ratio"] > 1.5, loop
         assert 0.8 < loop["gc-topk-z2"]["loss_ratio"] < 1.2, loop
+    elif result == "hierarchical_allreduce_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        (res,) = data["results"]  # timings only: the sums' equality is tests/unit/comm's
+        assert res["ranks_per_node"] == 2 and res["median_s"]["hierarchical"] > 0, res
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

@@ -164,6 +164,10 @@ def _compressed(d: str) -> dict[str, Any]:
     )
 
 
+def _hierarchical(d: str) -> dict[str, Any]:
+    return _base(d, communication={"topology": "hierarchical", "ranks_per_node": 1})
+
+
 # A client optimizer where the scenario's keys are about client optimizers.
 CLIENT: dict[str, Callable[[Any], Any]] = {
     "zero2_fp16": lambda groups: torch.optim.AdamW(groups, lr=1e-3),
@@ -176,6 +180,7 @@ SCENARIOS: dict[str, Callable[[str], dict[str, Any]]] = {
     "zero1_bf16": _zero1_bf16,
     "zero3_nvme": _zero3_nvme,
     "compressed": _compressed,
+    "hierarchical": _hierarchical,
 }
 
 

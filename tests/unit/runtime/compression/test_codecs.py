@@ -85,3 +85,39 @@ def test_a_row_too_small_to_shrink_travels_as_it_is() -> None:
     assert stream.numel() == 65 and torch.equal(rows.decode(stream), row)
     with pytest.raises(RuntimeError, match="neither the stored nor the coded mark"):
         rows.decode(torch.tensor([7, 1, 2], dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n", [1, 7, 8, 33, 1003, 65_543])
+def test_two_bit_kernels_match_the_torch_reference(dtype: torch.dtype, n: int) -> None:
+    """[Note: two-bit packing]: the packbits op's planes and levels against the same math in
+    torch ops (the path other devices take)."""
+    codec = TwoBitCodec()
+    g = torch.Generator().manual_seed(n)
+    x = (torch.randn(n, generator=g) * 2).to(dtype)
+    e_op, e_ref = [torch.randn(n, generator=g) * 0.1] * 2
+    e_op, e_ref = e_op.clone(), e_ref.clone()
+    op_out = torch.empty(codec.wire_bytes(n), dtype=torch.uint8)
+    ref_out = op_out.clone()
+    codec.encode(x, e_op, op_out)
+    codec.encode_torch(x, e_ref, ref_out)
+    assert torch.equal(op_out[8:], ref_out[8:])  # both bit planes
+    torch.testing.assert_close(op_out[:8].view(torch.float32), ref_out[:8].view(torch.float32))
+    torch.testing.assert_close(e_op, e_ref, rtol=0, atol=1e-5)
+    got, want = torch.ones(n), torch.ones(n)
+    codec.decode(op_out, n, got, 0.25, True)
+    codec.decode_torch(ref_out, n, want, 0.25, True)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_two_bit_op_checks_its_inputs() -> None:
+    from deepspeed_ext.ops.packbits import op
+
+    ops = op(torch.device("cpu"))
+    x, bits = torch.zeros(16), torch.zeros(2, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="levels lo=-1"):
+        ops.pack2(x, None, 0.0, -1.0, 1.0, bits, bits.clone())
+    with pytest.raises(RuntimeError, match="bits has 1 bytes"):
+        ops.pack2(x, None, 0.0, 0.0, 1.0, bits[:1], bits.clone())
+    with pytest.raises(RuntimeError, match="out has dtype"):
+        ops.unpack2(bits, bits, 0.0, 1.0, torch.zeros(16, dtype=torch.float64), False)

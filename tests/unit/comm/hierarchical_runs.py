@@ -1,0 +1,66 @@
+"""Rank bodies for test_hierarchical.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def sums(per_node: int) -> dict[str, Any]:
+    """Hierarchical sums of integer-valued buffers (exact in any order) against the flat one."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.comm.hierarchical import HierarchicalWork
+    from deepspeed_ext.comm.layout import axis_of
+
+    comm.init_distributed()
+    rank = comm.get_rank()
+    axis = axis_of(None)
+    groups, why = comm.node_groups(axis, per_node)
+    out: dict[str, Any] = {"why": why, "groups": None}
+    if groups is None:
+        return out
+    out["groups"] = (groups.local.ranks, groups.cross.ranks, groups.pieces)
+    equal = []
+    for n in (1, 7, 1001, 4096):
+        x = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n + rank))
+        dev = comm.collective_device(None)
+        flat, hier = x.float().to(dev), x.float().to(dev)
+        torch.distributed.all_reduce(flat)
+        works = [HierarchicalWork(hier, groups, segments=3 if n > 8 else 0)]  # in segments
+        for w in works:
+            w.poll()
+            w.wait()
+        equal.append(torch.equal(flat, hier))
+    out["equal"] = equal
+    return out
+
+
+def engines() -> dict[str, Any]:
+    """The same training with the flat and the hierarchical gradient all-reduce."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from tests.unit.runtime.models import batch, loss_fn, mlp
+
+    out = {}
+    for topology in ("flat", "hierarchical"):
+        engine, *_ = initialize(
+            model=mlp(),
+            config={
+                "train_micro_batch_size_per_gpu": 8,
+                "gradient_accumulation_steps": 2,
+                "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                "communication": (
+                    {"topology": topology, "ranks_per_node": 2}
+                    if topology == "hierarchical"
+                    else {}
+                ),
+            },
+        )
+        for s in range(6):
+            x, y = batch(s, engine.dp_rank)
+            engine.backward(loss_fn(engine, x, y))
+            engine.step()
+        out[topology] = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+        out[f"{topology}_uses_nodes"] = engine.strategy.grads.buckets.hierarchy is not None
+        engine.destroy()
+    return out

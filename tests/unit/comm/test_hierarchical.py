@@ -1,0 +1,62 @@
+"""The hierarchical all-reduce ([Note: hierarchical all-reduce]) on real gloo ranks, 4 ranks
+as 2 nodes of 2: the node groups, sums equal to the flat all-reduce's (integer-valued, so any
+order is exact), the flat one where the layout has no nodes to exploit, and an engine whose
+training matches the flat one; combinations that cannot work are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from deepspeed_ext.config import ConfigError, parse
+from tests.helpers.distributed import run_ranks
+
+from . import hierarchical_runs as runs
+
+
+def test_node_groups_and_sums_equal_to_the_flat_all_reduce() -> None:
+    outs = run_ranks(runs.sums, 4, 2, timeout=120)
+    assert [o["groups"] for o in outs] == [
+        ((0, 1), (0, 2), 2),
+        ((0, 1), (1, 3), 2),
+        ((2, 3), (0, 2), 2),
+        ((2, 3), (1, 3), 2),
+    ]
+    for o in outs:
+        assert o["equal"] == [True] * 4
+
+
+@pytest.mark.parametrize(
+    ("world", "per_node", "why"), [(2, 2, "on one node"), (3, 2, "different numbers")]
+)
+def test_the_flat_all_reduce_where_there_are_no_even_nodes(
+    world: int, per_node: int, why: str
+) -> None:
+    for o in run_ranks(runs.sums, world, per_node, timeout=120):
+        assert o["groups"] is None and why in o["why"], o
+
+
+def test_an_engine_trains_as_with_the_flat_all_reduce() -> None:
+    for o in run_ranks(runs.engines, 4, timeout=240):
+        assert o["hierarchical_uses_nodes"] and not o["flat_uses_nodes"]
+        for n, p in o["flat"].items():
+            torch.testing.assert_close(o["hierarchical"][n], p, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ({"zero_optimization": {"stage": 2}}, "ZeRO stage 2 reduce-scatters into partitions"),
+        ({"gradient_compression": {"algorithm": "1bit"}}, "both replace the gradient all-reduce"),
+        ({"communication": {"topology": "hierarchical", "ranks_per_node": 0}}, "ranks_per_node"),
+        ({"communication": {"topology": "ring"}}, "communication.topology"),
+    ],
+)
+def test_combinations_that_cannot_work_are_refused(extra: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse({"communication": {"topology": "hierarchical"}, **extra})
+
+
+def test_ranks_per_node_without_the_hierarchy_is_refused() -> None:
+    with pytest.raises(ConfigError, match="ranks_per_node applies with communication.topology"):
+        parse({"communication": {"ranks_per_node": 2}})
