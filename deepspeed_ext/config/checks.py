@@ -134,8 +134,9 @@ def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
             "stage to 2 or remove gradient_compression"
         )
     if gc.algorithm != "topk":
+        defaults = type(gc).model_fields
         for key in ("topk_ratio", "huffman_coding"):
-            if key in gc.model_fields_set:
+            if getattr(gc, key) != defaults[key].default:  # the effective config repeats them
                 out.append(
                     f"gradient_compression.{key} applies to algorithm 'topk' (the (index, value) "
                     f"pairs), not '{gc.algorithm}'; set algorithm to 'topk' or remove {key}"
@@ -162,7 +163,7 @@ def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
 def _communication(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     """The hierarchical all-reduce replaces the stage-0 gradient buckets' all-reduce."""
     if cfg.communication.topology != "hierarchical":
-        if "ranks_per_node" in cfg.communication.model_fields_set:
+        if cfg.communication.ranks_per_node is not None:
             return [
                 "communication.ranks_per_node applies with communication.topology "
                 "'hierarchical'; set the topology or remove ranks_per_node"
