@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .base import OneBitOptimizer, check_common, check_steps
+from .base import OneBitOptimizer, check_common, check_steps, zeros
 
 
 class OnebitAdam(OneBitOptimizer):
@@ -79,28 +79,16 @@ class OnebitAdam(OneBitOptimizer):
             with torch.enable_grad():
                 loss = closure()
         compress = self.compressing
-        work: list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]] = []
-        for group in self.param_groups:
+        work = self._with_grads(lambda p, st: zeros(p, st, "exp_avg", "exp_avg_sq"))
+        for p, st, group in work:
             beta1, beta2 = group["betas"]
             lr, wd = group["lr"], group["weight_decay"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("OnebitAdam does not take sparse gradients")
-                st = self.state[p]
-                if not st:
-                    st["step"] = 0
-                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["step"] += 1
-                grad = p.grad
-                if wd != 0:
-                    p.mul_(1 - lr * wd)
-                st["exp_avg"].lerp_(grad, 1 - beta1)
-                if not compress:
-                    st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-                work.append((p, st, group))
+            grad = p.grad
+            if wd != 0:
+                p.mul_(1 - lr * wd)
+            st["exp_avg"].lerp_(grad, 1 - beta1)
+            if not compress:
+                st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
         if compress and work:  # all momenta in the same two collectives
             self.exchange([st["exp_avg"] for _, st, _ in work])
         for p, st, group in work:

@@ -4,6 +4,7 @@ error buffers are this rank's own, and the checks of upstream's shared parameter
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,6 +45,26 @@ class OneBitOptimizer(torch.optim.Optimizer):
             self._onebit = CompressedExchange(SignCodec())
         return self._onebit
 
+    def _with_grads(
+        self, init: Callable[[torch.Tensor, dict[str, Any]], None]
+    ) -> list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]:
+        """(param, state, group) of every param with a gradient, its state made by `init`
+        on first use and its step counted."""
+        work = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError(f"{type(self).__name__} does not take sparse gradients")
+                st = self.state[p]
+                if not st:
+                    st["step"] = 0
+                    init(p, st)
+                st["step"] += 1
+                work.append((p, st, group))
+        return work
+
     def _first_state(self) -> dict[str, Any]:
         for group in self.param_groups:
             for p in group["params"]:
@@ -63,6 +84,11 @@ class OneBitOptimizer(torch.optim.Optimizer):
         ok = self.exchange.load_state_dict((state or {}).get("errors"))
         self._switch_allreduce()
         return ok
+
+
+def zeros(p: torch.Tensor, st: dict[str, Any], *keys: str) -> None:
+    for key in keys:
+        st[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def check_common(

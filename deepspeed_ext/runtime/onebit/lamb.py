@@ -34,7 +34,7 @@ import torch
 
 from deepspeed_ext.ops.lamb.fused_lamb import lamb_step_torch
 
-from .base import OneBitOptimizer, check_common, check_steps
+from .base import OneBitOptimizer, check_common, check_steps, zeros
 
 
 class OnebitLamb(OneBitOptimizer):
@@ -103,20 +103,12 @@ class OnebitLamb(OneBitOptimizer):
             with torch.enable_grad():
                 loss = closure()
         compress = self.compressing
-        work = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("OnebitLamb does not take sparse gradients")
-                st = self.state[p]
-                if not st:
-                    st.update(step=0, lamb_coeff_freeze=0.0, last_factor=1.0)
-                    st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                    st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["step"] += 1
-                work.append((p, st, group))
+
+        def init(p: torch.Tensor, st: dict[str, Any]) -> None:
+            st.update(lamb_coeff_freeze=0.0, last_factor=1.0)
+            zeros(p, st, "exp_avg", "exp_avg_sq")
+
+        work = self._with_grads(init)
         if not work:
             return loss
         coeffs = self._compressed(work) if compress else self._warm_up(work)

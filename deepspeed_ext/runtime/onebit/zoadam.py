@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .base import OneBitOptimizer, check_common, check_steps
+from .base import OneBitOptimizer, check_common, check_steps, zeros
 
 _COUNTERS = ("var_interval", "var_counter", "local_step_interval", "local_step_counter")
 
@@ -126,23 +126,12 @@ class ZeroOneAdam(OneBitOptimizer):
         return loss
 
     def _advance(self) -> list[tuple[torch.Tensor, dict[str, Any], dict[str, Any]]]:
-        work = []
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.grad.is_sparse:
-                    raise RuntimeError("ZeroOneAdam does not take sparse gradients")
-                st = self.state[p]
-                if not st:
-                    st.update(step=0, var_updates=0, lrs=0.0)
-                    st.update(var_interval=1, var_counter=0)
-                    st.update(local_step_interval=1, local_step_counter=0)
-                    for key in ("exp_avg", "exp_avg_sq"):
-                        st[key] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["step"] += 1
-                work.append((p, st, group))
-        return work
+        def init(p: torch.Tensor, st: dict[str, Any]) -> None:
+            st.update(var_updates=0, lrs=0.0, var_interval=1, var_counter=0)
+            st.update(local_step_interval=1, local_step_counter=0)
+            zeros(p, st, "exp_avg", "exp_avg_sq")
+
+        return self._with_grads(init)
 
     def _variance_phase(self, work: list[Any], t: int) -> None:
         full = t % work[0][1]["var_interval"] == 0

@@ -14,23 +14,14 @@ from deepspeed_ext.runtime.onebit.adam import OnebitAdam
 from tests.helpers.distributed import run_ranks
 
 from . import onebit_runs as runs
+from .parity import same_steps
 
 
 def test_the_warm_up_is_torch_adamw_bit_for_bit_alone() -> None:
-    torch.manual_seed(0)
-    a = torch.nn.Linear(16, 8)
-    b = torch.nn.Linear(16, 8)
-    b.load_state_dict(a.state_dict())
-    ref = torch.optim.AdamW(a.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
-    bit = OnebitAdam(b.parameters(), lr=3e-3, weight_decay=0.1, freeze_step=10)
-    for step in range(6):
-        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
-        for m, opt in ((a, ref), (b, bit)):
-            opt.zero_grad()
-            m(x).square().mean().backward()
-            opt.step()
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert torch.equal(pa, pb)
+    same_steps(
+        lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.1, foreach=False),
+        lambda ps: OnebitAdam(ps, lr=3e-3, weight_decay=0.1, freeze_step=10),
+    )
 
 
 def test_engine_warm_up_equals_adam_and_compression_keeps_ranks_identical() -> None:

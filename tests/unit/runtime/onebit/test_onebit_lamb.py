@@ -16,23 +16,18 @@ from deepspeed_ext.runtime.onebit.lamb import OnebitLamb
 from tests.helpers.distributed import run_ranks
 
 from . import onebit_runs as runs
+from .parity import same_steps
 
 
 def test_the_warm_up_is_lamb_bit_for_bit_alone() -> None:
-    torch.manual_seed(0)
-    a, b = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
-    b.load_state_dict(a.state_dict())
-    ref = FusedLamb(a.parameters(), lr=3e-3, weight_decay=0.1)
-    bit = OnebitLamb(b.parameters(), lr=3e-3, weight_decay=0.1, freeze_step=10)
-    for step in range(6):
-        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
-        for m, opt in ((a, ref), (b, bit)):
-            opt.zero_grad()
-            m(x).square().mean().backward()
-            opt.step()
+    def same_coeffs(ref: FusedLamb, bit: OnebitLamb) -> None:
         assert bit.get_lamb_coeffs() == ref.get_lamb_coeffs()
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert torch.equal(pa, pb)
+
+    same_steps(
+        lambda ps: FusedLamb(ps, lr=3e-3, weight_decay=0.1),
+        lambda ps: OnebitLamb(ps, lr=3e-3, weight_decay=0.1, freeze_step=10),
+        each=same_coeffs,
+    )
 
 
 def test_warm_up_switch_one_model_and_an_exact_resume(tmp_path: Path) -> None:

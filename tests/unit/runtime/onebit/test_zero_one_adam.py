@@ -16,22 +16,14 @@ from deepspeed_ext.runtime.onebit.zoadam import ZeroOneAdam
 from tests.helpers.distributed import run_ranks
 
 from . import onebit_runs as runs
+from .parity import same_steps
 
 
 def test_variance_steps_are_torch_adamw_bit_for_bit_alone() -> None:
-    torch.manual_seed(0)
-    a, b = torch.nn.Linear(16, 8), torch.nn.Linear(16, 8)
-    b.load_state_dict(a.state_dict())
-    ref = torch.optim.AdamW(a.parameters(), lr=3e-3, weight_decay=0.1, foreach=False)
-    zo = ZeroOneAdam(b.parameters(), lr=3e-3, weight_decay=0.1, var_update_scaler=100)
-    for step in range(6):
-        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
-        for m, opt in ((a, ref), (b, zo)):
-            opt.zero_grad()
-            m(x).square().mean().backward()
-            opt.step()
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert torch.equal(pa, pb)
+    same_steps(
+        lambda ps: torch.optim.AdamW(ps, lr=3e-3, weight_decay=0.1, foreach=False),
+        lambda ps: ZeroOneAdam(ps, lr=3e-3, weight_decay=0.1, var_update_scaler=100),
+    )
 
 
 def test_the_schedule_and_one_model_at_every_synchronisation() -> None:
