@@ -3,6 +3,7 @@
 Upstream's `deepspeed.comm` names: init_distributed, is_initialized, get_rank, ...
 """
 
+from . import waits
 from .averaging import MEAN, GradAverage
 from .bucketed import GradBuckets
 from .collectives import (
@@ -49,6 +50,7 @@ from .sharded import (
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
+    "waits",
     "NodeGroups",
     "node_groups",
     "comms_logger",

@@ -20,7 +20,7 @@ import torch
 
 from .averaging import MEAN, GradAverage
 from .checked import dist
-from .hierarchical import HierarchicalWork, NodeGroups
+from .hierarchical import HierarchicalWork, NodeGroups, advance
 from .layout import resolve
 
 
@@ -80,9 +80,8 @@ class GradBuckets:
         self._works = []
 
     def mark_ready(self, p: torch.Tensor) -> None:
-        for w in self._works:  # a hierarchical sum's next collective, if its last is done
-            if isinstance(w, HierarchicalWork):
-                w.poll()
+        if self.hierarchy is not None:  # hierarchical sums' next collectives, in order
+            advance([seg for w in self._works for seg in w.segments])
         self._pending[self._bucket_of[p]] -= 1
         while self._next < len(self.buffers) and self._pending[self._next] == 0:
             self._launch(self._next)

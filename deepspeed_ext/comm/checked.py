@@ -5,12 +5,14 @@ over a device group is refused, as NCCL would refuse it on a GPU."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch.distributed as _td
 
 from deepspeed_ext.accelerator import strict
 
+from . import waits
 from .comms_logging import comms_logger, timed_call
 
 _TENSOR_OPS = frozenset(
@@ -33,10 +35,16 @@ def _checked(name: str, fn: Any) -> Any:
             strict.check_collective(
                 name, list(args) + list(kwargs.values()), not is_host_group(kwargs.get("group"))
             )
+        t0 = time.perf_counter()
         if comms_logger.wants(name):
             n = _td.get_world_size(kwargs.get("group")) if _td.is_initialized() else 1
-            return timed_call(name, fn, args, kwargs, n)
-        return fn(*args, **kwargs)
+            out = timed_call(name, fn, args, kwargs, n)
+        else:
+            out = fn(*args, **kwargs)
+        if out is not None and (kwargs.get("async_op") or name in ("isend", "irecv")):
+            return waits.TimedWork(out)  # [Note: compute time]: its wait() is counted
+        waits.add(time.perf_counter() - t0)
+        return out
 
     return call
 
@@ -61,3 +69,10 @@ class _Dist:
 
 
 dist: Any = _Dist()
+
+
+def all_gather_into(out: Any, inp: Any, **kwargs: Any) -> Any:
+    """Every rank's `inp` into `out` (concatenated in group-rank order): torch's single-tensor
+    all-gather under the name this torch has."""
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(out, inp, **kwargs)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .checked import dist
+from .checked import all_gather_into, dist
 from .layout import AxisGroup, resolve
 
 
@@ -129,7 +129,7 @@ class CompressedAllReduce:
         sizes = [self.codec.wire_bytes(c) for c in chunks]
         row = sum(sizes)
         # 1. worker compression: chunk j of every tensor into row j
-        send = torch.empty(w, row, dtype=torch.uint8, device=dev)
+        send = torch.zeros(w, row, dtype=torch.uint8, device=dev)  # padding bytes too
         for j in range(w):
             at = 0
             for y, we, c, size in zip(ys, worker_errors, chunks, sizes):
@@ -139,7 +139,7 @@ class CompressedAllReduce:
         # 2. row r of every worker to rank r
         recv = self._all_to_all(send)
         # 3. server: each tensor's chunk averaged over the workers, compressed again
-        server = torch.empty(row, dtype=torch.uint8, device=dev)
+        server = torch.zeros(row, dtype=torch.uint8, device=dev)
         at = 0
         for se, c, size in zip(server_errors, chunks, sizes):
             mean = torch.empty(c, dtype=torch.float32, device=dev)
@@ -176,7 +176,7 @@ class CompressedAllReduce:
         c = n // w
         size = self.codec.wire_bytes(c)
         flat = x.reshape(-1)
-        send = torch.empty(w, size, dtype=torch.uint8, device=x.device)
+        send = torch.zeros(w, size, dtype=torch.uint8, device=x.device)
         for j in range(w):
             self.codec.encode(flat[j * c : (j + 1) * c], worker_error[j * c : (j + 1) * c], send[j])
         recv = self._all_to_all(send)
@@ -214,7 +214,7 @@ class CompressedAllReduce:
 
     def _all_gather(self, mine: torch.Tensor) -> torch.Tensor:
         w, row = self.world, mine.numel()
-        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather = all_gather_into
         if self.rows is None:
             everyone = torch.empty(w, row, dtype=torch.uint8, device=mine.device)
             gather(everyone, mine.reshape(1, -1), group=self.pg)

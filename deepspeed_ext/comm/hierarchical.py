@@ -15,11 +15,11 @@ crosses a node boundary; this moves 2 (N - 1) / N x S: for 2 nodes of 2 ranks, 1
 S. Steps 1 and 3 stay inside a node (shared memory, NVLink or loopback). NCCL's own
 all-reduce already takes the topology into account; this is for gloo/TCP clusters, where
 the flat ring does not.
-Each reduction is a chain of three collectives on two process groups, cut into segments:
-HierarchicalWork starts a segment's next collective when its previous one has completed
-(poll() as backward hands in more buckets, wait() at the end), so one segment crosses the
-nodes while the next is reduced inside them, and buckets overlap backward as with the flat
-all-reduce.
+Each reduction is a chain of three collectives, each on a process group of its own, cut
+into segments: `advance` starts a segment's next collective when its previous one has
+completed (as backward hands in more buckets; wait() at the end), in launch order on every
+rank, so one segment crosses the nodes while the next is reduced inside them, and buckets
+overlap backward as with the flat all-reduce.
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ from typing import Any
 
 import torch
 
-from .checked import dist
+from .checked import all_gather_into, dist
 from .layout import AxisGroup
 
 
 @dataclass(frozen=True)
 class NodeGroups:
-    local: AxisGroup  # this node's members of the group
+    local: AxisGroup  # this node's members of the group (the reduce-scatter's)
     cross: AxisGroup  # the group's members with this rank's local index, one per node
+    gather: AxisGroup  # this node's members again (the all-gather's own group)
     pieces: int  # L: the group's ranks on each node
 
 
@@ -67,9 +68,10 @@ def node_groups(axis: AxisGroup, ranks_per_node: int) -> tuple[NodeGroups | None
         # every rank creates every group, in the same order (new_group is collective)
         local = [(n, dist.new_group(n)) for n in nodes]
         cross = [(r, dist.new_group(r)) for r in ([n[i] for n in nodes] for i in range(per))]
+        gather = [(n, dist.new_group(n)) for n in nodes]
         if ranks == axis.ranks:
             me = axis.ranks[axis.rank]
-            mine = NodeGroups(_member(local, me), _member(cross, me), per)
+            mine = NodeGroups(_member(local, me), _member(cross, me), _member(gather, me), per)
     return mine, why
 
 
@@ -81,8 +83,11 @@ def _member(groups: list[tuple[list[int], Any]], me: int) -> AxisGroup:
 
 
 class HierarchicalWork:
-    """One buffer's hierarchical sum, advanced collective by collective, in segments so that
-    one segment crosses the nodes while the next is reduced inside them."""
+    """One buffer's hierarchical sum, in segments so that one segment crosses the nodes while
+    the next is reduced inside them. Every rank must issue each group's collectives in the
+    same order, whatever completes first where: each phase has a group of its own, and a
+    segment enters a phase only after every segment before it (of this work and of those
+    launched earlier: `advance`) has."""
 
     def __init__(self, buf: torch.Tensor, groups: NodeGroups, segments: int = 0) -> None:
         self.buf, self.groups = buf.view(-1), groups
@@ -92,18 +97,21 @@ class HierarchicalWork:
         self.segments = [
             _Segment(self.buf[n * j // k : n * (j + 1) // k], groups) for j in range(k)
         ]
-        self.phase = 0
-
-    def poll(self) -> None:
-        """Start next collectives where the current ones have completed."""
-        for seg in self.segments:
-            seg.poll()
 
     def wait(self) -> None:
-        # phase by phase across the segments: each wait lets the next group's queue run
-        for _ in range(3):
-            for seg in self.segments:
-                seg.step()
+        advance(self.segments, block=True)
+
+
+def advance(segments: list[_Segment], block: bool = False) -> None:
+    """Move segments (in launch order) to their next phases: without `block`, only where the
+    current collective has completed and no earlier segment is behind."""
+    for phase in (1, 2, 3):
+        for seg in segments:
+            if seg.phase >= phase:
+                continue
+            if seg.phase < phase - 1 or not (block or seg.work.is_completed()):
+                break  # a later segment may not pass this one
+            seg.step()
 
 
 _SEGMENT = 1 << 18  # elements a segment at least: smaller buffers go whole
@@ -123,24 +131,17 @@ class _Segment:
         self.work: Any = dist.all_to_all_single(
             self.recv, send, group=groups.local.group, async_op=True
         )
-        self.phase = 0
-
-    def poll(self) -> None:
-        while self.work is not None and self.work.is_completed():
-            self.step()
+        self.phase = 0  # 0-2: that step's collective in flight; 3: done
 
     def step(self) -> None:
         """Finish the current collective and start the next."""
-        if self.work is None:
-            return
         self.work.wait()
         g = self.groups
         if self.phase == 0:  # the node's sum of this rank's piece
             self.mine = self.recv.view(g.pieces, self.c).sum(0)
             self.work = dist.all_reduce(self.mine, group=g.cross.group, async_op=True)
         elif self.phase == 1:
-            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            self.work = gather(self.recv, self.mine, group=g.local.group, async_op=True)
+            self.work = all_gather_into(self.recv, self.mine, group=g.gather.group, async_op=True)
         else:
             self.seg.copy_(self.recv[: self.seg.numel()])
             self.work = None

@@ -19,11 +19,10 @@ import torch
 
 from deepspeed_ext.accelerator import get_accelerator
 
-from .checked import dist, is_host_group
+from .checked import all_gather_into, dist, is_host_group
 from .layout import AxisGroup, resolve
 
 # torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
-_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
@@ -88,7 +87,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
         bucket[:lo].zero_()
         bucket[hi:].zero_()
         return dist.all_reduce(bucket, group=pg, async_op=True)
-    return _ALL_GATHER(bucket, chunk, group=pg, async_op=True)
+    return all_gather_into(bucket, chunk, group=pg, async_op=True)
 
 
 def collective_device(group: Any = None) -> torch.device:

@@ -151,6 +151,12 @@ def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
             'gradient_allreduce_op "sum", prescale_gradients and gradient_predivide_factor do '
             "not apply; remove them"
         )
+    if cfg.fp16.enabled:
+        out.append(
+            "gradient_compression with fp16: the loss scaler skips a step whose gradients "
+            "overflowed only after the exchange has folded them into every rank's error "
+            "buffers; train in bf16 or fp32, or remove gradient_compression"
+        )
     opt = cfg.optimizer
     if opt is not None and opt.type and str(opt.type).lower() in _ONEBIT:
         out.append(

@@ -153,30 +153,35 @@ def _on(cfg: Any, attr: str) -> Any:
 
 
 class RankTimes:
-    """Every rank's own wall time per metrics window, one JSON line each, beside the
-    jsonl monitor's file (`ranks/rank<N>.jsonl`): what `ds_report run` finds stragglers in.
-    Each rank writes its own file, so nothing is gathered and no rank waits for another."""
+    """Every rank's own wall time and compute time per metrics window, one JSON line each,
+    beside the jsonl monitor's file (`ranks/rank<N>.jsonl`): what `ds_report run` finds
+    stragglers in ([Note: compute time] in comm/waits.py: `blocked` returns the seconds spent
+    in communication since its last call). Each rank writes its own file, so nothing is
+    gathered and no rank waits for another."""
 
-    def __init__(self, path: Path, rank: int) -> None:
+    def __init__(self, path: Path, rank: int, blocked: Any = None) -> None:
         import socket
 
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(path, "a", buffering=1)
         self.rank = rank
         self.host = socket.gethostname()
+        self.blocked = blocked
 
     def write(self, step: int, steps: int, window_s: float) -> None:
         rec = {"step": step, "steps": steps, "window_s": window_s, "rank": self.rank}
+        if self.blocked is not None:
+            rec["compute_s"] = max(window_s - self.blocked(), 0.0)
         self.f.write(json.dumps({**rec, "host": self.host}) + "\n")
 
     def close(self) -> None:
         self.f.close()
 
 
-def rank_times_from_config(cfg: Any, rank: int) -> RankTimes | None:
+def rank_times_from_config(cfg: Any, rank: int, blocked: Any = None) -> RankTimes | None:
     if (s := _on(cfg, "jsonl_monitor")) is None:
         return None
-    return RankTimes(_dir(s, "deepspeed") / "ranks" / f"rank{rank}.jsonl", rank)
+    return RankTimes(_dir(s, "deepspeed") / "ranks" / f"rank{rank}.jsonl", rank, blocked)
 
 
 def writers_from_config(cfg: Any) -> list[Writer]:

@@ -170,7 +170,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 comm.comms_logger.take_window,
                 *compression_windows(self.optimizer, grad_exchange),
             ],
-            rank_times=rank_times_from_config(config, self.rank),
+            rank_times=rank_times_from_config(config, self.rank, comm.waits.take),
         )
         self.global_steps = 0
         self.global_samples = 0

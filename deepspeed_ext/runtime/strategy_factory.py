@@ -41,6 +41,17 @@ def make_strategy(ctx: StrategyContext, stage: int) -> GradientStrategy:
             f" but zero_optimization.stage is {stage}: set zero_optimization.stage to 3, "
             "or build the model without zero.Init"
         )
+    # the config checks refuse these before spawn; a stage left "auto" is only known here
+    if stage and ctx.hierarchy is not None:
+        raise ValueError(
+            "communication.topology 'hierarchical' applies to the stage-0 gradient all-reduce; "
+            f"zero_optimization.stage resolved to {stage}: set the topology to 'flat'"
+        )
+    if stage == 3 and ctx.grad_exchange is not None:
+        raise ValueError(
+            "gradient_compression runs with zero_optimization.stage 0, 1 or 2; the stage "
+            "resolved to 3: set it to 2 or remove gradient_compression"
+        )
     if stage == 0:
         return DataParallelStrategy(ctx)
     if stage == 3:

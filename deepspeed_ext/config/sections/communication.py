@@ -1,5 +1,6 @@
-"""`communication` (a section DeepSpeed's guides print without defining it; defined here, see
-docs/multi-node.md): how the data-parallel gradient all-reduce crosses nodes."""
+"""`communication` (a section DeepSpeed's guides print without defining it; defined here and
+in the README's "hierarchical all-reduce" row): how the data-parallel gradient all-reduce
+crosses nodes."""
 
 from __future__ import annotations
 

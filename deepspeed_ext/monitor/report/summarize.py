@@ -73,7 +73,9 @@ STRAGGLER_TOLERANCE = 0.10  # slower than the median rank by more than this, on 
 
 def stragglers(rank_times: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Ranks whose windows took longer than the median rank's by more than the tolerance,
-    on average over the windows after the first (the warm-up); None when not recorded."""
+    on average over the windows after the first (the warm-up); None when not recorded.
+    Compute time where recorded ([Note: compute time]: in synchronous training every rank's
+    wall time is the slowest one's), else wall time."""
     by_step: dict[int, dict[int, dict[str, Any]]] = {}
     for r in rank_times:
         by_step.setdefault(int(r["step"]), {})[int(r["rank"])] = r
@@ -84,9 +86,10 @@ def stragglers(rank_times: list[dict[str, Any]]) -> dict[str, Any] | None:
     hosts: dict[int, str] = {}
     for step in steps:
         times = by_step[step]
-        mid = statistics.median(r["window_s"] for r in times.values())
+        key = "compute_s" if all("compute_s" in r for r in times.values()) else "window_s"
+        mid = statistics.median(r[key] for r in times.values())
         for rank, r in times.items():
-            ratios.setdefault(rank, []).append(r["window_s"] / mid if mid > 0 else 1.0)
+            ratios.setdefault(rank, []).append(r[key] / mid if mid > 0 else 1.0)
             hosts[rank] = str(r.get("host", "?"))
     slow = [
         {"rank": rank, "host": hosts[rank], "slower_pct": 100 * (statistics.mean(v) - 1)}

@@ -27,11 +27,14 @@ class CompressedExchange:
     def __call__(self, tensors: list[torch.Tensor]) -> None:
         """Each tensor replaced by its (compressed, error-compensated) mean over the group."""
         sizes = [self.comm.padded(t.numel()) for t in tensors]
+        dev = tensors[0].device
         if self.worker is None or [w.numel() for w in self.worker] != sizes:
-            dev = tensors[0].device
             self.worker = [torch.zeros(n, device=dev) for n in sizes]
             self.server = [torch.zeros(n // self.comm.world, device=dev) for n in sizes]
         assert self.server is not None
+        if self.worker[0].device != dev:  # loaded from a checkpoint onto the host
+            self.worker = [w.to(dev) for w in self.worker]
+            self.server = [w.to(dev) for w in self.server]
         self.comm.means_with_(tensors, self.worker, self.server)
 
     def reduce_scatter(self, key: int, bucket: torch.Tensor, out: torch.Tensor) -> None:
@@ -41,6 +44,8 @@ class CompressedExchange:
             err = self.buckets[key] = torch.zeros(
                 bucket.numel(), dtype=torch.float32, device=bucket.device
             )
+        elif err.device != bucket.device:  # loaded from a checkpoint onto the host
+            err = self.buckets[key] = err.to(bucket.device)
         self.comm.reduce_scatter_mean_(bucket, err, out)
 
     def state_dict(self) -> dict[str, Any]:

@@ -59,9 +59,7 @@ class OnebitAdam(OneBitOptimizer):
         super().__init__(params, defaults)
         self.freeze_step = int(freeze_step)
         self.comm_backend_name = comm_backend_name
-        # the frozen variance's denominators, made at the first compressed step (not state:
-        # derived from exp_avg_sq, so a load simply drops them)
-        self._denoms: dict[torch.Tensor, torch.Tensor] = {}
+        self._denoms = {}
         if deepspeed is not None:
             self.attach_engine(deepspeed)
 
@@ -105,13 +103,3 @@ class OnebitAdam(OneBitOptimizer):
         if not compress and self.compressing:
             self._switch_allreduce()  # the warm-up ends here
         return loss
-
-    # -- checkpoints: [Note: 1-bit Adam] --
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._denoms = {}  # made again from the loaded variance
-        super().load_state_dict(state_dict)
-        self._switch_allreduce()
-
-    def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
-        self._denoms = {}
-        return super().load_per_rank_state_dict(state)

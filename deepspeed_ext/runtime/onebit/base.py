@@ -16,6 +16,9 @@ from deepspeed_ext.runtime.compression import CompressedExchange, SignCodec
 class OneBitOptimizer(torch.optim.Optimizer):
     deepspeed: Any = None
     _onebit: CompressedExchange | None = None
+    # frozen variances' denominators, made at their first use (not state: derived from
+    # exp_avg_sq, so a load simply drops them)
+    _denoms: dict[torch.Tensor, torch.Tensor]
 
     def attach_engine(self, engine: Any) -> None:
         """Exchange over the engine's data-parallel group; the engine's gradient all-reduce
@@ -75,12 +78,18 @@ class OneBitOptimizer(torch.optim.Optimizer):
 
     # -- checkpoints: the optimizer state is written once (data-parallel rank 0); what
     # differs by rank goes to each rank's own file --
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._denoms = {}
+        super().load_state_dict(state_dict)
+        self._switch_allreduce()
+
     def per_rank_state_dict(self) -> dict[str, Any]:
         return {"errors": self.exchange.state_dict()}
 
     def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
         """This rank's own state; False (error buffers restart at zero) when none was saved
         at this world size."""
+        self._denoms = {}
         ok = self.exchange.load_state_dict((state or {}).get("errors"))
         self._switch_allreduce()
         return ok
@@ -128,6 +137,7 @@ def check_common(
 
 
 def check_steps(name: str, **steps: int) -> None:
+    """At least one warm-up step: the frozen variance (and its bias correction) needs one."""
     for key, value in steps.items():
-        if int(value) < 0:
-            raise ValueError(f"{name}: {key}={value} must be >= 0")
+        if int(value) < 1:
+            raise ValueError(f"{name}: {key}={value} must be >= 1 (a warm-up step at least)")

@@ -75,13 +75,14 @@ class OnebitLamb(OneBitOptimizer):
             max_coeff=max_coeff,
             min_coeff=min_coeff,
         )
-        super().__init__([p for p in _params(params)], defaults)
+        super().__init__(params, defaults)
         self.freeze_step = int(freeze_step)
         self.coeff_beta = float(coeff_beta)
         self.factor_max, self.factor_min = float(factor_max), float(factor_min)
         self.factor_threshold = float(factor_threshold)
         self.comm_backend_name = comm_backend_name
         self.lamb_coeffs: list[float] = []
+        self._denoms = {}
         if deepspeed is not None:
             self.attach_engine(deepspeed)
 
@@ -108,7 +109,9 @@ class OnebitLamb(OneBitOptimizer):
             st.update(lamb_coeff_freeze=0.0, last_factor=1.0)
             zeros(p, st, "exp_avg", "exp_avg_sq")
 
-        work = self._with_grads(init)
+        # empty tensors have no norm for a trust ratio: kept in the groups (the engine pairs
+        # them with the model's), skipped here
+        work = [w for w in self._with_grads(init) if w[0].numel() > 0]
         if not work:
             return loss
         coeffs = self._compressed(work) if compress else self._warm_up(work)
@@ -181,10 +184,6 @@ class OnebitLamb(OneBitOptimizer):
             coeffs.append(coeff.reshape(()))
         return coeffs
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
-        self._switch_allreduce()
-
 
 def _step_size(group: dict[str, Any], step: int, variance_steps: int) -> float:
     """FusedLamb's: the bias corrections in the step size ([Note: lamb math])."""
@@ -193,15 +192,6 @@ def _step_size(group: dict[str, Any], step: int, variance_steps: int) -> float:
         return lr
     beta1, beta2 = group["betas"]
     return lr * math.sqrt(1.0 - beta2**variance_steps) / (1.0 - beta1**step)
-
-
-def _params(params: Iterable[Any]) -> Iterable[Any]:
-    """Empty tensors dropped (they have no norm for a trust ratio), as upstream."""
-    for p in params:
-        if isinstance(p, dict):
-            yield {**p, "params": [q for q in p["params"] if q.numel() > 0]}
-        elif p.numel() > 0:
-            yield p
 
 
 def _check_coeffs(

@@ -89,7 +89,7 @@ class ZeroOneAdam(OneBitOptimizer):
         self.local_step_scaler = int(local_step_scaler)
         self.local_step_clipper = int(local_step_clipper)
         self.comm_backend_name = comm_backend_name
-        self._denoms: dict[torch.Tensor, torch.Tensor] = {}  # the frozen variance's
+        self._denoms = {}
         if deepspeed is not None:
             self.attach_engine(deepspeed)
 
@@ -218,11 +218,6 @@ class ZeroOneAdam(OneBitOptimizer):
         return self._denoms[p]
 
     # -- checkpoints: [Note: 0/1 Adam] --
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._denoms = {}
-        super().load_state_dict(state_dict)
-        self._switch_allreduce()
-
     def per_rank_state_dict(self) -> dict[str, Any]:
         """Besides the error buffers, what local steps made differ by rank."""
         own = super().per_rank_state_dict()
@@ -237,7 +232,6 @@ class ZeroOneAdam(OneBitOptimizer):
 
     @torch.no_grad()
     def load_per_rank_state_dict(self, state: dict[str, Any] | None) -> bool:
-        self._denoms = {}
         ok = super().load_per_rank_state_dict(state)
         local = (state or {}).get("local") if ok else None
         if local is not None:

@@ -9,8 +9,11 @@ import torch
 
 def sums(per_node: int) -> dict[str, Any]:
     """Hierarchical sums of integer-valued buffers (exact in any order) against the flat one."""
+    import random
+    import time
+
     from deepspeed_ext import comm
-    from deepspeed_ext.comm.hierarchical import HierarchicalWork
+    from deepspeed_ext.comm.hierarchical import HierarchicalWork, advance
     from deepspeed_ext.comm.layout import axis_of
 
     comm.init_distributed()
@@ -20,18 +23,30 @@ def sums(per_node: int) -> dict[str, Any]:
     out: dict[str, Any] = {"why": why, "groups": None}
     if groups is None:
         return out
-    out["groups"] = (groups.local.ranks, groups.cross.ranks, groups.pieces)
+    out["groups"] = (groups.local.ranks, groups.cross.ranks, groups.gather.ranks, groups.pieces)
     equal = []
     for n in (1, 7, 1001, 4096):
         x = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n + rank))
         dev = comm.collective_device(None)
         flat, hier = x.float().to(dev), x.float().to(dev)
         torch.distributed.all_reduce(flat)
-        works = [HierarchicalWork(hier, groups, segments=3 if n > 8 else 0)]  # in segments
-        for w in works:
-            w.poll()
-            w.wait()
+        HierarchicalWork(hier, groups, segments=3 if n > 8 else 0).wait()  # in segments
         equal.append(torch.equal(flat, hier))
+    # many buckets in flight, each rank advancing them at its own moments (as backward
+    # hands in gradients): every group must still see its collectives in one order
+    rng = random.Random(rank)
+    bufs, works = [], []
+    for b in range(6):
+        x = torch.randint(-50, 50, (500 + 300 * b,), generator=torch.Generator().manual_seed(b))
+        bufs.append(x.float().to(dev))
+        works.append(HierarchicalWork(bufs[-1], groups, segments=1 + b % 3))
+        time.sleep(rng.random() * 0.005)
+        advance([seg for w in works for seg in w.segments])
+    for w in works:
+        w.wait()
+    for b, buf in enumerate(bufs):
+        x = torch.randint(-50, 50, (500 + 300 * b,), generator=torch.Generator().manual_seed(b))
+        equal.append(torch.equal(buf, x.float().to(dev) * axis.size))
     out["equal"] = equal
     return out
 

@@ -43,3 +43,34 @@ def train_with_every_monitor(out: str) -> dict[str, Any]:
     seen = {"summary": dict(run.summary), "project": run.project, "group": run.group}
     engine.destroy()
     return seen
+
+
+def one_rank_slowed(out_dir: str) -> list[dict[str, Any]]:
+    """3 ranks training with jsonl_monitor; rank 1 computes 40 ms longer each step. Every
+    rank's wall time is the slow one's (they wait for it); its compute time is not."""
+    import json
+    import time
+    from pathlib import Path
+
+    from deepspeed_ext.runtime.initialize import initialize
+    from tests.unit.runtime.models import batch, loss_fn, mlp
+
+    engine, *_ = initialize(
+        model=mlp(),
+        config={
+            "train_micro_batch_size_per_gpu": 8,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+            "steps_per_print": 4,
+            "jsonl_monitor": {"enabled": True, "output_path": out_dir, "job_name": "job"},
+        },
+    )
+    for s in range(16):
+        x, y = batch(s, engine.dp_rank)
+        loss = loss_fn(engine, x, y)
+        if engine.dp_rank == 1:
+            time.sleep(0.04)
+        engine.backward(loss)
+        engine.step()
+    engine.destroy()
+    path = Path(out_dir) / "job" / "ranks" / f"rank{engine.dp_rank}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]

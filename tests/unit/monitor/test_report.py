@@ -118,3 +118,24 @@ def test_a_rank_slower_than_the_median_is_named_with_its_host(
     out = capsys.readouterr().out
     assert "straggler           rank 1 on h1: 25% slower than the median rank" in out
     assert "rank 0" not in out and "rank 2" not in out
+
+
+def test_a_rank_slowed_on_purpose_is_named_by_its_compute_time(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real ranks: the slowed rank's wall times equal the others' (synchronous training),
+    its compute times stand out ([Note: compute time])."""
+    from tests.helpers.distributed import run_ranks
+
+    from . import monitor_runs
+
+    records = run_ranks(monitor_runs.one_rank_slowed, 3, str(tmp_path), timeout=180)
+    steady = [[r for r in recs if r["step"] > 4] for recs in records]
+    walls = [sum(r["window_s"] for r in recs) for recs in steady]
+    computes = [sum(r["compute_s"] for r in recs) for recs in steady]
+    assert max(walls) < 1.2 * min(walls), walls  # the wall clock names no one
+    assert computes[1] > 2 * max(computes[0], computes[2]), computes
+    assert ds_report(["run", str(tmp_path), "--no_plots"]) == 0
+    out = capsys.readouterr().out
+    assert "straggler           rank 1 on " in out, out
+    assert "rank 0" not in out and "rank 2" not in out

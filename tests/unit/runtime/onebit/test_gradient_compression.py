@@ -65,6 +65,7 @@ def test_every_algorithm_under_zero_learns_like_fp32_and_resumes_exactly(tmp_pat
         ({"zero_optimization": {"stage": 3}}, "stage 3 reduce-scatters each module"),
         ({"gradient_allreduce_op": "sum"}, 'gradient_allreduce_op "sum"'),
         ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor do not apply"),
+        ({"fp16": {"enabled": True}}, "gradient_compression with fp16: the loss scaler skips"),
         ({"optimizer": {"type": "OneBitAdam"}}, "already exchanges compressed momentum"),
     ],
 )

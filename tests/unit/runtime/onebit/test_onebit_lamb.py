@@ -56,7 +56,7 @@ def test_bad_values_name_the_parameter() -> None:
         ({"coeff_beta": 1.0}, "coeff_beta=1.0"),
         ({"min_coeff": 20.0}, "min_coeff=20.0, max_coeff=10.0"),
         ({"factor_threshold": -0.1}, "factor_threshold=-0.1"),
-        ({"freeze_step": -1}, "freeze_step=-1 must be >= 0"),
+        ({"freeze_step": 0}, "freeze_step=0 must be >= 1"),
     ):
         with pytest.raises(ValueError, match=message):
             OnebitLamb(params, **kwargs)

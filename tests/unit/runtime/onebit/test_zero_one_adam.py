@@ -56,8 +56,8 @@ def test_bad_values_name_the_parameter() -> None:
     params = list(torch.nn.Linear(2, 2).parameters())
     with pytest.raises(ValueError, match="var_update_scaler=0 must be >= 1"):
         ZeroOneAdam(params, var_update_scaler=0)
-    with pytest.raises(ValueError, match="var_freeze_step=-1 must be >= 0"):
-        ZeroOneAdam(params, var_freeze_step=-1)
+    with pytest.raises(ValueError, match="var_freeze_step=0 must be >= 1"):
+        ZeroOneAdam(params, var_freeze_step=0)  # the frozen denominator would be eps alone
     with pytest.raises(ValueError, match="cuda_aware=True is an MPI option"):
         ZeroOneAdam(params, cuda_aware=True)
     with pytest.raises(ValueError, match="max_grad_norm is not used"):

@@ -1,0 +1,47 @@
+"""Time this process spends in communication: blocking collectives and waits on async ones
+([Note: compute time]).
+
+[Note: compute time]
+In synchronous data parallelism every rank's step takes as long as the slowest rank's: the
+others wait for it in the gradient collectives. A rank's wall time per window therefore
+names no straggler; its compute time does: the window's wall time minus what the rank spent
+blocked in torch.distributed (sync calls, and Work.wait() on async ones). The slow rank
+computes longest and waits least. On a GPU the host returns from NCCL calls before the
+transfer ends, so this counts only host-side waits (the window's synchronize included).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+_blocked = 0.0
+
+
+def add(seconds: float) -> None:
+    global _blocked
+    _blocked += seconds
+
+
+def take() -> float:
+    """Seconds blocked in communication since the last call."""
+    global _blocked
+    out, _blocked = _blocked, 0.0
+    return out
+
+
+class TimedWork:
+    """An async collective's handle whose wait() counts as time blocked."""
+
+    def __init__(self, work: Any) -> None:
+        self._work = work
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._work.wait(*args, **kwargs)
+        finally:
+            add(time.perf_counter() - t0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
