@@ -11,6 +11,7 @@ import torch
 from deepspeed_ext.comm import collective_device, sum_tensor_over
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.zero.checkpoint import errors_restart
 from deepspeed_ext.zero.fragments import Fragment, bind, state_owner
 from deepspeed_ext.zero.module_state import load_module_state, module_state
 from deepspeed_ext.zero.named_state import NamedState, is_per_element, missing_names
@@ -196,10 +197,7 @@ class DataParallelStrategy:
         if exchange is not None:
             ok &= exchange.load_state_dict(own.get("grad_exchange"))
         if not ok:
-            logger.warning(
-                f"{files.where}: no per-rank state for data-parallel rank {self.dp.rank} at this "
-                f"world size ({self.dp.size}); the 1-bit error-feedback buffers restart at zero"
-            )
+            errors_restart(files.where, self.dp.rank, self.dp.size)
 
     def sync_masters_from_model(self) -> None:
         self.masters.copy_from_model()

@@ -50,7 +50,7 @@ def load_partitions(
     optimizer.load_state_dict(part["optimizer_state_dict"])
     s.load_master_partitions(part["fp32_partitions"])
     if s.exchange is not None and not s.exchange.load_state_dict(part.get("grad_exchange")):
-        _errors_restart(s, files)
+        errors_restart(files.where, s.rank, s.world)
 
 
 def _load_resharded(s: ZeroStrategy, optimizer: Any, files: RankFiles, saved_world: int) -> None:
@@ -62,15 +62,16 @@ def _load_resharded(s: ZeroStrategy, optimizer: Any, files: RankFiles, saved_wor
     s.load_named_state(optimizer, from_zero(files), files.where)
     if s.exchange is not None:
         s.exchange.load_state_dict(None)
-        _errors_restart(s, files)
+        errors_restart(files.where, s.rank, s.world)
     logger.info(
         f"resharded ZeRO checkpoint {files.where} from {saved_world} to {s.world} "
         "data-parallel ranks"
     )
 
 
-def _errors_restart(s: ZeroStrategy, files: RankFiles) -> None:
+def errors_restart(where: Any, rank: int, world: int) -> None:
+    """A resume without this rank's error-feedback buffers (none saved at this world size)."""
     logger.warning(
-        f"{files.where}: no compressed-gradient error buffers for data-parallel rank {s.rank} "
-        f"at this world size ({s.world}); they restart at zero"
+        f"{where}: no per-rank state for data-parallel rank {rank} at this world size "
+        f"({world}); the compressed exchange's error-feedback buffers restart at zero"
     )

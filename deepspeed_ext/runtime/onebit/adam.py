@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .base import OneBitOptimizer, check_common, check_steps, zeros
+from .base import OneBitOptimizer, adamw_denom, check_common, check_steps, zeros
 
 
 class OnebitAdam(OneBitOptimizer):
@@ -95,8 +95,8 @@ class OnebitAdam(OneBitOptimizer):
             step_size = group["lr"] / (1 - beta1**step)
             denom = self._denoms.get(p) if compress else None
             if denom is None:
-                bias_correction2 = 1 - beta2 ** (self.freeze_step if compress else step)
-                denom = (st["exp_avg_sq"].sqrt() / bias_correction2**0.5).add_(group["eps"])
+                k = self.freeze_step if compress else step
+                denom = adamw_denom(st["exp_avg_sq"], beta2, k, group["eps"])
                 if compress:  # the variance is frozen: so is the denominator
                     self._denoms[p] = denom
             p.addcdiv_(st["exp_avg"], denom, value=-step_size)

@@ -95,6 +95,14 @@ class OneBitOptimizer(torch.optim.Optimizer):
         return ok
 
 
+def adamw_denom(exp_avg_sq: torch.Tensor, beta2: float, steps: int, eps: float) -> torch.Tensor:
+    """torch AdamW's denominator in its order of operations (so its bits):
+    sqrt(v) / sqrt(1 - beta2^steps) + eps, with `steps` variance updates (0: uncorrected)."""
+    if steps == 0:
+        return exp_avg_sq.sqrt().add_(eps)
+    return (exp_avg_sq.sqrt() / (1 - beta2**steps) ** 0.5).add_(eps)
+
+
 def zeros(p: torch.Tensor, st: dict[str, Any], *keys: str) -> None:
     for key in keys:
         st[key] = torch.zeros_like(p, memory_format=torch.preserve_format)

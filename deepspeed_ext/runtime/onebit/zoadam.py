@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from .base import OneBitOptimizer, check_common, check_steps, zeros
+from .base import OneBitOptimizer, adamw_denom, check_common, check_steps, zeros
 
 _COUNTERS = ("var_interval", "var_counter", "local_step_interval", "local_step_counter")
 
@@ -207,10 +207,8 @@ class ZeroOneAdam(OneBitOptimizer):
 
     @staticmethod
     def _denom(st: dict[str, Any], group: dict[str, Any]) -> torch.Tensor:
-        if not group["bias_correction"] or st["var_updates"] == 0:
-            return st["exp_avg_sq"].sqrt().add_(group["eps"])
-        bc2 = 1 - group["betas"][1] ** st["var_updates"]
-        return (st["exp_avg_sq"].sqrt() / bc2**0.5).add_(group["eps"])
+        k = st["var_updates"] if group["bias_correction"] else 0
+        return adamw_denom(st["exp_avg_sq"], group["betas"][1], k, group["eps"])
 
     def _frozen_denom(self, p: torch.Tensor, st: dict[str, Any], group: Any) -> torch.Tensor:
         if p not in self._denoms:
