@@ -75,10 +75,15 @@ def extras(args: argparse.Namespace) -> dict:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, data: CharData, batches: int = 8) -> float:
+def evaluate(
+    model: torch.nn.Module, data: CharData, device: torch.device, batches: int = 8
+) -> float:
     model.eval()
     gen = torch.Generator().manual_seed(1234)
-    losses = [float(model(*data.batch(32, gen))) for _ in range(batches)]
+    losses = []
+    for _ in range(batches):
+        x, y = data.batch(32, gen)
+        losses.append(float(model(x.to(device), y.to(device))))
     model.train()
     return sum(losses) / len(losses)
 
@@ -134,13 +139,13 @@ def main() -> None:
             flush=True,
         )
     # every rank evaluates: with ZeRO 3 a forward gathers parameters from all ranks
-    first_eval = evaluate(engine.module, val)
+    first_eval = evaluate(engine.module, val, engine.device)
     gen = torch.Generator().manual_seed(args.seed + 1000 * rank)  # each rank its own shard
     losses: list[float] = []
     t0 = time.perf_counter()
     while engine.global_steps < args.steps:
         x, y = train.batch(args.micro_batch, gen)
-        loss = engine(x, y)
+        loss = engine(x.to(engine.device), y.to(engine.device))
         engine.backward(loss)
         engine.step()
         if engine.is_gradient_accumulation_boundary() or args.grad_accum == 1:
@@ -148,7 +153,7 @@ def main() -> None:
 
     out = Path(args.out)
     engine.save_checkpoint(str(out / "checkpoints"), client_state={"seed": args.seed})
-    final_eval = evaluate(engine.module, val)
+    final_eval = evaluate(engine.module, val, engine.device)
     if rank == 0:
         try:
             plot = f"loss curve {loss_plot(out / 'loss.png', losses, 'tiny GPT: training loss')}"

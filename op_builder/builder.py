@@ -98,7 +98,15 @@ class OpBuilder:
         return ["-O3", "-g0", "-fvisibility=hidden"]
 
     def ld_flags(self) -> list[str]:
-        return []
+        # [Note: one libstdc++] A toolchain that links libstdc++ statically (seen on a GPU
+        # image: its g++ is a wrapper, and the ops it built had no libstdc++.so in their
+        # NEEDED list) gives the op a second copy of iostreams whose locale was never set
+        # up: the first TORCH_CHECK message that formats a number crashes the process.
+        # Naming the shared library by file, before the driver's own libraries, resolves
+        # every libstdc++ symbol to the copy torch uses (the driver rewrites a plain
+        # -lstdc++ to the static archive). _check_one_libstdcxx refuses a build that still
+        # carries its own copy.
+        return ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
     def nvcc_flags(self) -> list[str]:
         return []
@@ -242,6 +250,7 @@ class OpBuilder:
             )
         except Exception as exc:  # noqa: BLE001 - rewrapped with the compiler's own lines
             raise self._build_error(d, exc) from None
+        _check_one_libstdcxx(self.NAME, d / f"{self.lib_name()}.so")
         (d / "stamp").write_text(stamp)
         dt = time.perf_counter() - t0
         print(f"[deepspeed_ext] built op '{self.NAME}' in {dt:.1f} s", file=sys.stderr)
@@ -307,6 +316,26 @@ def _ninja_compile_command(ninja_file: Path) -> str:
         return local.get(v.group(1)) or variables.get(v.group(1)) or ""
 
     return re.sub(r"\$(\w+)", expand, m.group(1)).strip()
+
+
+def _check_one_libstdcxx(op: str, so: Path) -> None:
+    """[Note: one libstdc++]: an op that links libstdc++ statically would crash the process at
+    its first error message; refuse it here, with the fix. Needs readelf (binutils, which
+    every toolchain that built the op has); without it the check is skipped."""
+    readelf = shutil.which("readelf")
+    if readelf is None or not sys.platform.startswith("linux"):
+        return
+    out = subprocess.run([readelf, "-d", str(so)], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0 or "libstdc++" in out.stdout:
+        return
+    so.unlink(missing_ok=True)
+    cxx = os.environ.get("CXX", "c++")
+    raise OpBuildError(
+        f"op '{op}': the C++ toolchain ({cxx}) linked libstdc++ statically into {so.name} "
+        "(its NEEDED list has no libstdc++.so), so the op would crash at its first error "
+        "message; fix: set CXX to a g++ that links libstdc++ dynamically (the default for "
+        "g++; look for -static-libstdc++ in a wrapper or specs file)"
+    )
 
 
 # namespace -> library path, for every op this process has loaded

@@ -130,3 +130,49 @@ def test_missing_ninja_is_named_with_the_fix(tmp_path, monkeypatch):
 
     with pytest.raises(OpBuildError, match=r"op 'cpu_lion_fresh'.*pip install ninja"):
         Fresh().load()
+
+
+_NUMBER_CHECK = """#include <torch/library.h>
+#include <cstdint>
+namespace {
+void need_positive(int64_t n) { TORCH_CHECK(n > 0, "n must be > 0, got ", n, " (", 0.5, ")"); }
+}  // namespace
+TORCH_LIBRARY(ds_%s, m) { m.def("need_positive(int n) -> ()", &need_positive); }
+"""
+
+
+def _static_libstdcxx_op(tmp_path: Path, monkeypatch, name: str) -> type[CPUOpBuilder]:
+    """An op built by a g++ wrapper that links libstdc++ statically ([Note: one libstdc++])."""
+    import shutil
+
+    if shutil.which("readelf") is None or shutil.which("g++") is None:
+        pytest.skip("needs g++ and readelf (binutils)")
+    wrapper = tmp_path / "cxx"
+    wrapper.write_text('#!/bin/sh\nexec g++ "$@" -static-libstdc++\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    monkeypatch.setenv("DS_EXT_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / f"{name}.cpp"
+    src.write_text(_NUMBER_CHECK % name)
+
+    class Op(CPUOpBuilder):
+        NAME = name
+        SOURCES = (str(src),)
+
+    return Op
+
+
+def test_a_static_libstdcxx_toolchain_still_links_the_shared_one(tmp_path, monkeypatch):
+    """Seen on a GPU image: with its own libstdc++ copy an op's error messages broke off at
+    the first number (here) or crashed the process (there)."""
+    op = _static_libstdcxx_op(tmp_path, monkeypatch, "one_stdcxx")().load()
+    with pytest.raises(RuntimeError, match=r"n must be > 0, got -3 \(0\.5\)"):
+        op.need_positive(-3)
+
+
+def test_an_op_with_its_own_libstdcxx_is_refused_with_the_fix(tmp_path, monkeypatch):
+    Op = _static_libstdcxx_op(tmp_path, monkeypatch, "own_stdcxx")
+    monkeypatch.setattr(Op, "ld_flags", lambda self: ["-fopenmp"])  # without the guard flag
+    with pytest.raises(OpBuildError, match=r"op 'own_stdcxx'.*linked libstdc\+\+ statically.*CXX"):
+        Op().load()
+    assert not list((tmp_path / "cache").rglob("own_stdcxx*.so"))  # nothing left to load

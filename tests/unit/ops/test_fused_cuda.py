@@ -246,7 +246,7 @@ def _lists(n: int = 2, **overrides: Any) -> dict[str, list[torch.Tensor]]:
 
 def _call(kind: str, lists: dict[str, list[torch.Tensor]], **hp: Any) -> None:
     args = [lists["params"], lists["grads"], lists["exp_avgs"], lists["exp_avg_sqs"]]
-    h = dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, step=1, wd=0.0, **hp)
+    h = {**dict(lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, step=1, wd=0.0), **hp}
     if kind == "adam":
         _adam_op().multi_tensor_adam(
             *args, h["lr"], h["beta1"], h["beta2"], h["eps"], h["step"], True, True, h["wd"]

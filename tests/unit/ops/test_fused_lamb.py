@@ -105,13 +105,20 @@ def assert_params_close(
             torch.testing.assert_close(o, r, **tol)
         return
     # 16-bit storage: an fp32 and a float64 evaluation may round a value sitting on a
-    # rounding boundary differently, and the two runs then go on from neighbouring values.
-    # Allow two ulps of the value, or of the step size (lr) for values that have since
-    # moved towards zero.
+    # rounding boundary differently, and the two runs then go on from neighbouring values
+    # (the GPU's norms sum in another order than the CPU's, so it meets other boundaries).
+    # Two ulps of the value, or of the step size (lr) for values that have since moved
+    # towards zero; at most 0.1% of elements past that, by no more than four. A broken
+    # kernel moves nearly every element.
     eps = torch.finfo(dtype).eps
+    off = total = 0
     for o, r in zip(ours, ref):
-        excess = (o - r).abs() - 2 * eps * (r.abs() + lr)
-        assert float(excess.max()) <= 0, f"{dtype}: off by more than 2 ulps"
+        bound = 2 * eps * (r.abs() + lr)
+        excess = (o - r).abs() - bound
+        assert bool((excess <= bound).all()), f"{dtype}: off by more than 4 ulps"
+        off += int((excess > 0).sum())
+        total += o.numel()
+    assert off <= max(1, total // 1000), f"{dtype}: {off} of {total} elements past 2 ulps"
 
 
 def assert_coeffs_close(ours: list[list[float]], ref: list[list[float]], rtol: float = 1e-5):

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Everything in the project that needs a CUDA GPU, in one run (CI has none): the CUDA op
+# builds, every gpu-marked test, the GPU benchmarks and the main job on the GPU. Logs and
+# results go to $OUT (default /tmp/gpu-check). Assumes torch with CUDA is installed; pass
+# wheels for missing Python packages in .whl/ (installed offline into /tmp/site).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-/tmp/gpu-check}"
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+export PATH="$PWD/bin:$PATH"
+status=0
+step() { # name, command...: runs one step, logs it to $OUT/<name>.log, remembers a failure
+  local name=$1
+  shift
+  local t0=$SECONDS
+  "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0)) s"
+  tail -n 15 "$OUT/$name.log"
+  [ $rc -eq 0 ] || status=1
+}
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+  nvcc --version | tail -n 2
+} | tee "$OUT/device.txt"
+
+# The CUDA ops build side by side (the build lock keeps each op to one builder).
+build() {
+  python3 -c "from deepspeed_ext.op_builder.all_ops import ALL_OPS; ALL_OPS['$1']().load(verbose=False); print('built $1')"
+}
+step builds bash -c "$(declare -f build); for op in fused_adam fused_lamb packbits_cuda; do build \$op & done; wait"
+step ds_report ds_report
+# xdist (where installed) keeps a crashing test from taking the rest of the run with it
+workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
+step gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider --tb=short $workers
+[ -n "${SKIP_BENCH:-}" ] || step fused_adam_bench python3 bench/fused_adam.py --out "$OUT/fused_adam.json"
+step main_job timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --out /tmp/gpu-main
+step main_job_zero3_bf16 timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --zero-stage 3 --bf16 --out /tmp/gpu-main3
+exit $status
