@@ -40,7 +40,7 @@ void check_file_args(const std::string& f, int64_t offset, const char* op) {
 // Reads: the file exists and holds offset + nbytes bytes (a short file would otherwise
 // surface later, from a worker, as an end-of-file error).
 void check_readable(const std::string& f, int64_t offset, int64_t nbytes, const char* op) {
-  struct stat st {};
+  struct stat st{};
   if (::stat(f.c_str(), &st) != 0) {
     const int err = errno;
     TORCH_CHECK(false, op, ": cannot read '", f, "': ", errno_text(err));
@@ -57,7 +57,7 @@ void check_writable(const std::string& f, const char* op) {
   const auto slash = f.find_last_of('/');
   const std::string dir =
       slash == std::string::npos ? "." : (slash == 0 ? "/" : f.substr(0, slash));
-  struct stat st {};
+  struct stat st{};
   if (::stat(dir.c_str(), &st) != 0) {
     const int err = errno;
     TORCH_CHECK(false, op, ": cannot write '", f, "': directory '", dir, "': ", errno_text(err));

@@ -67,17 +67,24 @@ inline std::vector<OptTensor> check_lists(const char* op, at::TensorList params,
     check_tensor(p, op, "params", i, numel);
     check_tensor(grads[i], op, "grads", i, numel);
     check_tensor(s1[i], op, s1_name, i, numel);
-    OptTensor t{p.data_ptr(), grads[i].const_data_ptr(), s1[i].data_ptr(), nullptr, numel,
-                to_dtype(p, op, "params", i), to_dtype(grads[i], op, "grads", i),
+    OptTensor t{p.data_ptr(),
+                grads[i].const_data_ptr(),
+                s1[i].data_ptr(),
+                nullptr,
+                numel,
+                to_dtype(p, op, "params", i),
+                to_dtype(grads[i], op, "grads", i),
                 to_dtype(s1[i], op, s1_name, i)};
-    TORCH_CHECK(t.st == t.pt || t.st == ds::DType::kFloat32, op, ": ", s1_name, "[", i,
-                "] is ", ds::dtype_name(t.st), "; optimizer states must be float32 or match "
-                "the params (", ds::dtype_name(t.pt), ")");
+    TORCH_CHECK(t.st == t.pt || t.st == ds::DType::kFloat32, op, ": ", s1_name, "[", i, "] is ",
+                ds::dtype_name(t.st),
+                "; optimizer states must be float32 or match "
+                "the params (",
+                ds::dtype_name(t.pt), ")");
     if (s2) {
       const at::Tensor& q = (*s2)[i];
       check_tensor(q, op, s2_name, i, numel);
-      TORCH_CHECK(q.scalar_type() == s1[i].scalar_type(), op, ": ", s2_name, "[", i,
-                  "] dtype ", q.scalar_type(), " differs from ", s1_name, "[", i, "] dtype ",
+      TORCH_CHECK(q.scalar_type() == s1[i].scalar_type(), op, ": ", s2_name, "[", i, "] dtype ",
+                  q.scalar_type(), " differs from ", s1_name, "[", i, "] dtype ",
                   s1[i].scalar_type());
       t.s2 = q.data_ptr();
     }

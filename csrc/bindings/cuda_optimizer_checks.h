@@ -32,8 +32,7 @@ inline void check_tensor(const char* op, const at::Tensor& t, const char* name, 
 // params/grads/exp_avgs/exp_avg_sqs[i]: defined, CUDA on params[0]'s device, contiguous,
 // equal sizes; params float32/float16/bfloat16. Grad dtypes are each op's own rule.
 inline void check_optimizer_tensors(const char* op, at::TensorList params, at::TensorList grads,
-                                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
-                                    size_t i) {
+                                    at::TensorList exp_avgs, at::TensorList exp_avg_sqs, size_t i) {
   const at::Tensor& p0 = params[0];
   const at::Tensor& p = params[i];
   check_tensor(op, p, "params", i, p0, p);

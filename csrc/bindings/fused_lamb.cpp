@@ -22,9 +22,8 @@ constexpr const char* kOp = "multi_tensor_lamb";
 using ds_bind_cuda::finite_nonneg;
 using ds_bind_cuda::to_dtype;
 
-void check_hyper(const ds::FusedLambParams& hp, double lr, double beta1, double beta2,
-                 double eps, double weight_decay, double grad_scale, double max_coeff,
-                 double min_coeff) {
+void check_hyper(const ds::FusedLambParams& hp, double lr, double beta1, double beta2, double eps,
+                 double weight_decay, double grad_scale, double max_coeff, double min_coeff) {
   ds_bind_cuda::check_adam_hyper(kOp, lr, beta1, beta2, eps, hp.step, weight_decay);
   TORCH_CHECK(std::isfinite(grad_scale) && grad_scale > 0, kOp,
               ": grad_scale must be finite and > 0, got ", grad_scale);
@@ -86,8 +85,7 @@ at::Tensor multi_tensor_lamb(at::TensorList params, at::TensorList grads, at::Te
   const auto f32 = p0.options().dtype(at::kFloat);
   at::Tensor coeffs = at::empty({int64_t(n)}, f32);
   // Sized for all tensors, so every dtype pair below can reuse it in stream order.
-  at::Tensor workspace =
-      at::empty({ds::fused_lamb_workspace_floats(int(n), numel.data())}, f32);
+  at::Tensor workspace = at::empty({ds::fused_lamb_workspace_floats(int(n), numel.data())}, f32);
   float* coeff0 = coeffs.data_ptr<float>();
 
   // The core takes one (param, grad) dtype pair per launch: run each pair present. Each

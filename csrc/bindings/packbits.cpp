@@ -55,8 +55,7 @@ void pack(const at::Tensor& x, const c10::optional<at::Tensor>& err, const at::T
   });
 }
 
-void unpack(const at::Tensor& bits, const at::Tensor& scale_t, at::Tensor& out,
-            bool accumulate) {
+void unpack(const at::Tensor& bits, const at::Tensor& scale_t, at::Tensor& out, bool accumulate) {
   constexpr const char* op = "packbits.unpack";
   TORCH_CHECK(bits.device().is_cpu(), op, ": bits is on ", bits.device(),
               "; this op runs on CPU tensors");
@@ -97,8 +96,8 @@ std::tuple<double, int64_t> abs_sum_above(const at::Tensor& x, const c10::option
 }
 
 void check_levels(double lo, double hi, const char* op) {
-  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo >= 0 && hi >= 0, op,
-              ": levels lo=", lo, ", hi=", hi, "; expected finite values >= 0");
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi) && lo >= 0 && hi >= 0, op, ": levels lo=", lo,
+              ", hi=", hi, "; expected finite values >= 0");
 }
 
 void pack2(const at::Tensor& x, const c10::optional<at::Tensor>& err, double cut, double lo,
@@ -118,8 +117,8 @@ void pack2(const at::Tensor& x, const c10::optional<at::Tensor>& err, double cut
   uint8_t* lp = levels.data_ptr<uint8_t>();
   at::parallel_for(0, ds_bind::packed_bytes(n), kGrainBytes, [&](int64_t b0, int64_t b1) {
     const int64_t i0 = 8 * b0, i1 = std::min(8 * b1, n);
-    ds::pack_two_bits(t, xp + i0 * esize, ep ? ep + i0 : nullptr, float(cut), float(lo),
-                      float(hi), sp + b0, lp + b0, i1 - i0);
+    ds::pack_two_bits(t, xp + i0 * esize, ep ? ep + i0 : nullptr, float(cut), float(lo), float(hi),
+                      sp + b0, lp + b0, i1 - i0);
   });
 }
 

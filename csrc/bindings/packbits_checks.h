@@ -38,8 +38,7 @@ inline void check_values(const at::Tensor& x, bool cuda, const char* op) {
   value_dtype(x, op);
 }
 
-inline void check_error(const c10::optional<at::Tensor>& err, const at::Tensor& x,
-                        const char* op) {
+inline void check_error(const c10::optional<at::Tensor>& err, const at::Tensor& x, const char* op) {
   if (!err.has_value()) return;
   check_on(*err, x, op, "err");
   TORCH_CHECK(err->scalar_type() == at::kFloat, op, ": err has dtype ", err->scalar_type(),
@@ -48,13 +47,12 @@ inline void check_error(const c10::optional<at::Tensor>& err, const at::Tensor& 
               x.numel());
 }
 
-inline void check_bits(const at::Tensor& bits, const at::Tensor& like, int64_t n,
-                       const char* op) {
+inline void check_bits(const at::Tensor& bits, const at::Tensor& like, int64_t n, const char* op) {
   check_on(bits, like, op, "bits");
   TORCH_CHECK(bits.scalar_type() == at::kByte, op, ": bits has dtype ", bits.scalar_type(),
               "; expected uint8");
-  TORCH_CHECK(bits.numel() == packed_bytes(n), op, ": bits has ", bits.numel(),
-              " bytes; ", n, " elements pack into ", packed_bytes(n));
+  TORCH_CHECK(bits.numel() == packed_bytes(n), op, ": bits has ", bits.numel(), " bytes; ", n,
+              " elements pack into ", packed_bytes(n));
 }
 
 // the scale is a one-element float32 tensor beside the data (on a GPU it never syncs)

@@ -18,10 +18,9 @@ at::Tensor sum_squares(const at::Tensor& x, const c10::optional<at::Tensor>& err
   ds_bind::check_error(err, x, op);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({}, x.options().dtype(at::kDouble));
-  C10_CUDA_CHECK(ds::launch_sum_squares(ds_bind::value_dtype(x, op), x.data_ptr(),
-                                        err.has_value() ? err->data_ptr<float>() : nullptr,
-                                        x.numel(), out.data_ptr<double>(),
-                                        c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_CHECK(ds::launch_sum_squares(
+      ds_bind::value_dtype(x, op), x.data_ptr(), err.has_value() ? err->data_ptr<float>() : nullptr,
+      x.numel(), out.data_ptr<double>(), c10::cuda::getCurrentCUDAStream()));
   return out;
 }
 
@@ -33,16 +32,15 @@ void pack(const at::Tensor& x, const c10::optional<at::Tensor>& err, const at::T
   ds_bind::check_scale(scale, x, op);
   ds_bind::check_bits(bits, x, x.numel(), op);
   const c10::cuda::CUDAGuard guard(x.device());
-  C10_CUDA_CHECK(ds::launch_pack_signs(
-      ds_bind::value_dtype(x, op), x.data_ptr(),
-      err.has_value() ? err->data_ptr<float>() : nullptr, scale.data_ptr<float>(),
-      bits.data_ptr<uint8_t>(), x.numel(), c10::cuda::getCurrentCUDAStream()));
+  C10_CUDA_CHECK(ds::launch_pack_signs(ds_bind::value_dtype(x, op), x.data_ptr(),
+                                       err.has_value() ? err->data_ptr<float>() : nullptr,
+                                       scale.data_ptr<float>(), bits.data_ptr<uint8_t>(), x.numel(),
+                                       c10::cuda::getCurrentCUDAStream()));
 }
 
 void unpack(const at::Tensor& bits, const at::Tensor& scale, at::Tensor& out, bool accumulate) {
   constexpr const char* op = "packbits_cuda.unpack";
-  TORCH_CHECK(bits.is_cuda(), op, ": bits is on ", bits.device(),
-              "; this op runs on CUDA tensors");
+  TORCH_CHECK(bits.is_cuda(), op, ": bits is on ", bits.device(), "; this op runs on CUDA tensors");
   ds_bind::check_out(out, bits, op);
   ds_bind::check_scale(scale, bits, op);
   ds_bind::check_bits(bits, out, out.numel(), op);

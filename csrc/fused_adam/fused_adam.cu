@@ -13,9 +13,9 @@ using mta::kILP;
 // Host-derived constants, so the kernel does no pow() per element.
 struct AdamScalars {
   float beta1, beta2, eps, weight_decay;
-  float step_size;      // lr / bc1
-  float bc2_sqrt;       // sqrt(bc2)
-  float decay_factor;   // 1 - lr * weight_decay (AdamW)
+  float step_size;     // lr / bc1
+  float bc2_sqrt;      // sqrt(bc2)
+  float decay_factor;  // 1 - lr * weight_decay (AdamW)
   bool adam_w_mode;
 };
 
@@ -42,8 +42,7 @@ struct AdamBody {
     float* v = static_cast<float*>(tab.ptr[3][t]) + start;
 
     int64_t done = 0;
-    if (mta::vec_aligned(g) && mta::vec_aligned(p) && mta::vec_aligned(m) &&
-        mta::vec_aligned(v)) {
+    if (mta::vec_aligned(g) && mta::vec_aligned(p) && mta::vec_aligned(m) && mta::vec_aligned(v)) {
       const int64_t vecs = len / kILP;
       for (int64_t k = threadIdx.x; k < vecs; k += blockDim.x) {
         const int64_t i = k * kILP;

@@ -178,8 +178,8 @@ cudaError_t run(const FusedLambParams& hp, const LambScalars& s, const FusedLamb
   return mta::for_each_table<5>(ts.n, lists, ts.numel, [&](const Table& tab) {
     cudaError_t e = mta::launch_table(tab, max_blocks, stream, MomentsBody<P, G>{s}, workspace);
     if (e != cudaSuccess) return e;
-    lamb_coeff_kernel<<<tab.num_tensors, kReduceThreads, 0, stream>>>(tab, workspace,
-                                                                      hp.max_coeff, hp.min_coeff);
+    lamb_coeff_kernel<<<tab.num_tensors, kReduceThreads, 0, stream>>>(tab, workspace, hp.max_coeff,
+                                                                      hp.min_coeff);
     e = cudaGetLastError();
     if (e != cudaSuccess) return e;
     return mta::launch_table(tab, max_blocks, stream, ApplyBody<P, G>{s});

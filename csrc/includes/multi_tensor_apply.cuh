@@ -127,8 +127,7 @@ cudaError_t launch_table(const TensorTable<kDepth>& table, int max_blocks, cudaS
 // The common case: one body over all tensors, a launch per table.
 template <int kDepth, typename Body, typename... Args>
 cudaError_t multi_tensor_apply(int n, const std::array<void* const*, kDepth>& lists,
-                               const int64_t* numel, cudaStream_t stream, Body body,
-                               Args... args) {
+                               const int64_t* numel, cudaStream_t stream, Body body, Args... args) {
   int max_blocks = 0;
   cudaError_t err = resident_blocks(kBlockThreads, &max_blocks);
   if (err != cudaSuccess) return err;

@@ -87,8 +87,8 @@ struct VecOps {
     __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff)));
     r = _mm512_srli_epi32(r, 16);
     const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
-    r = _mm512_mask_mov_epi32(r, nan, _mm512_or_si512(_mm512_srli_epi32(u, 16),
-                                                      _mm512_set1_epi32(0x40)));
+    r = _mm512_mask_mov_epi32(r, nan,
+                              _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40)));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
   }
   static void store(fp16_t* p, V v) {

@@ -43,14 +43,12 @@ __global__ void sum_squares_kernel(const T* x, const float* err, int64_t n, doub
 // One warp packs 32 consecutive elements per round: a ballot gives their 32 sign bits,
 // lanes 0-3 write its 4 bytes.
 template <class T>
-__global__ void pack_kernel(const T* x, float* err, const float* scale, uint8_t* bits,
-                            int64_t n) {
+__global__ void pack_kernel(const T* x, float* err, const float* scale, uint8_t* bits, int64_t n) {
   const float s = *scale;
   const int lane = threadIdx.x % 32;
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
   const int64_t bytes = (n + 7) / 8;
-  for (int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; w * 32 < n;
-       w += warps) {
+  for (int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; w * 32 < n; w += warps) {
     const int64_t i = w * 32 + lane;
     float y = 0.f;
     if (i < n) y = to_f(x[i]) + (err ? err[i] : 0.f);
@@ -94,13 +92,13 @@ cudaError_t launch_sum_squares(DType t, const void* x, const float* err, int64_t
   });
 }
 
-cudaError_t launch_pack_signs(DType t, const void* x, float* err, const float* scale,
-                              uint8_t* bits, int64_t n, cudaStream_t stream) {
+cudaError_t launch_pack_signs(DType t, const void* x, float* err, const float* scale, uint8_t* bits,
+                              int64_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   return with_type(t, [&](auto tag) {
     using T = typename std::remove_const<typename std::remove_pointer<decltype(tag)>::type>::type;
-    pack_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), err, scale,
-                                                           bits, n);
+    pack_kernel<T>
+        <<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const T*>(x), err, scale, bits, n);
   });
 }
 

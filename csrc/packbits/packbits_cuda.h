@@ -15,8 +15,8 @@ cudaError_t launch_sum_squares(DType t, const void* x, const float* err, int64_t
                                cudaStream_t stream);
 
 // bits of y = x + err; with err, err := y - (*scale) * sign(y). scale lives on the device.
-cudaError_t launch_pack_signs(DType t, const void* x, float* err, const float* scale,
-                              uint8_t* bits, int64_t n, cudaStream_t stream);
+cudaError_t launch_pack_signs(DType t, const void* x, float* err, const float* scale, uint8_t* bits,
+                              int64_t n, cudaStream_t stream);
 
 // out[i] = (accumulate ? out[i] : 0) + (bit i ? *scale : -*scale)
 cudaError_t launch_unpack_signs(const uint8_t* bits, const float* scale, float* out, int64_t n,
