@@ -9,6 +9,7 @@ from .cpu_adam import CPUAdamBuilder
 from .cpu_lion import CPULionBuilder
 from .huffman import HuffmanBuilder
 from .packbits import PackBitsBuilder
+from .transformer import TransformerBuilder
 
 ALL_OPS: dict[str, type[OpBuilder]] = {
     b.NAME: b
@@ -19,6 +20,7 @@ ALL_OPS: dict[str, type[OpBuilder]] = {
         PackBitsBuilder,
         HuffmanBuilder,
         AsyncIOBuilder,
+        TransformerBuilder,
     )
 }
 

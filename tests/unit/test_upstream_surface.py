@@ -22,6 +22,7 @@ SURFACE = {
         "zero",
     ],
     "deepspeed.pt_model": ["DeepSpeedModel"],
+    "deepspeed.ops.transformer": ["DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer"],
     "deepspeed.runtime.fp16.onebit.adam": ["OnebitAdam"],
     "deepspeed.profiling.flops_profiler": ["FlopsProfiler", "get_model_profile"],
     "deepspeed.profiling.flops_profiler.profiler": ["FlopsProfiler", "get_model_profile"],

@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[3]
             "compressed_comm_smoke.json",
         ),
         ("hierarchical_allreduce.py", ["--smoke"], "hierarchical_allreduce_smoke.json"),
+        ("transformer_layer.py", ["--smoke"], "transformer_layer_smoke.json"),  # ~5 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -141,6 +142,10 @@ def test_bench_smoke(script, args, result, tmp_path):
         data = json.loads((tmp_path / result).read_text())
         (res,) = data["results"]  # timings only: the sums' equality is tests/unit/comm's
         assert res["ranks_per_node"] == 2 and res["median_s"]["hierarchical"] > 0, res
+    elif result == "transformer_layer_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        med = data["median_s"]
+        assert med["deepspeed_ext fused layer"] > 0 and med["torch eager"] > 0, med
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

@@ -1,0 +1,7 @@
+from deepspeed_ext.ops.transformer import (
+    DeepSpeedTransformerConfig,
+    DeepSpeedTransformerLayer,
+    TransformerConfig,
+)
+
+__all__ = ["DeepSpeedTransformerConfig", "DeepSpeedTransformerLayer", "TransformerConfig"]
