@@ -1,0 +1,22 @@
+from deepspeed_ext.ops.sparse_attention import (
+    BigBirdSparsityConfig,
+    BSLongformerSparsityConfig,
+    DenseSparsityConfig,
+    FixedSparsityConfig,
+    LocalSlidingWindowSparsityConfig,
+    SparsityConfig,
+    VariableSparsityConfig,
+)
+
+from . import sparsity_config
+
+__all__ = [
+    "BSLongformerSparsityConfig",
+    "BigBirdSparsityConfig",
+    "DenseSparsityConfig",
+    "FixedSparsityConfig",
+    "LocalSlidingWindowSparsityConfig",
+    "SparsityConfig",
+    "VariableSparsityConfig",
+    "sparsity_config",
+]
