@@ -9,6 +9,7 @@ from .cpu_adam import CPUAdamBuilder
 from .cpu_lion import CPULionBuilder
 from .huffman import HuffmanBuilder
 from .packbits import PackBitsBuilder
+from .sparse_attention import SparseAttnBuilder
 from .transformer import TransformerBuilder
 
 ALL_OPS: dict[str, type[OpBuilder]] = {
@@ -21,6 +22,7 @@ ALL_OPS: dict[str, type[OpBuilder]] = {
         HuffmanBuilder,
         AsyncIOBuilder,
         TransformerBuilder,
+        SparseAttnBuilder,
     )
 }
 

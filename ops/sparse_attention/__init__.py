@@ -1,6 +1,10 @@
-"""Block-sparse attention (upstream's deepspeed.ops.sparse_attention). Landed so far: the
-sparsity layouts (sparsity_config)."""
+"""Block-sparse attention (upstream's deepspeed.ops.sparse_attention): the sparsity layouts,
+the block-sparse MatMul and Softmax ([Note: block-sparse kernels] in csrc/sparse_attention),
+and SparseSelfAttention over them."""
 
+from .matmul import MatMul
+from .softmax import Softmax
+from .sparse_self_attention import SparseSelfAttention
 from .sparsity_config import (
     BigBirdSparsityConfig,
     BSLongformerSparsityConfig,
@@ -13,6 +17,9 @@ from .sparsity_config import (
 
 __all__ = [
     "BSLongformerSparsityConfig",
+    "MatMul",
+    "Softmax",
+    "SparseSelfAttention",
     "BigBirdSparsityConfig",
     "DenseSparsityConfig",
     "FixedSparsityConfig",

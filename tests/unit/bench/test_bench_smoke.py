@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ),
         ("hierarchical_allreduce.py", ["--smoke"], "hierarchical_allreduce_smoke.json"),
         ("transformer_layer.py", ["--smoke"], "transformer_layer_smoke.json"),  # ~5 s
+        ("sparse_attention.py", ["--smoke"], "sparse_attention_smoke.json"),  # ~10 s
     ],
 )
 def test_bench_smoke(script, args, result, tmp_path):
@@ -146,6 +147,9 @@ def test_bench_smoke(script, args, result, tmp_path):
         data = json.loads((tmp_path / result).read_text())
         med = data["median_s"]
         assert med["deepspeed_ext fused layer"] > 0 and med["torch eager"] > 0, med
+    elif result == "sparse_attention_smoke.json":
+        (case,) = json.loads((tmp_path / result).read_text())["cases"]
+        assert case["results"]["sparse"]["median_s"] > 0 and case["sparsity"] == 0.75, case
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]

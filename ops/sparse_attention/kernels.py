@@ -1,0 +1,138 @@
+"""The block-sparse products and softmax behind one interface: the C++ op on CPU tensors, the
+same math in torch ops (block gathers and batched GEMMs) elsewhere. Sparse tensors are
+[batch, nnz, block, block], blocks in the layout's (head, row, column) order; dense operands
+are [batch, heads, rows, cols], read transposed when asked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.op_builder.sparse_attention import SparseAttnBuilder
+
+from .lut import Lut
+
+_op: Any = None
+
+
+def op() -> Any:
+    global _op
+    if _op is None:
+        _op = SparseAttnBuilder().load()
+    return _op
+
+
+def _logical(x: torch.Tensor, trans: bool) -> torch.Tensor:
+    return x.transpose(-1, -2) if trans else x
+
+
+def _col_blocks(x: torch.Tensor, lut: Lut) -> torch.Tensor:
+    """[b, h, m, nb*block] -> [b, h, nb, m, block]: the column blocks of a dense operand."""
+    b, h, m, _ = x.shape
+    return x.reshape(b, h, m, lut.nb, lut.block).permute(0, 1, 3, 2, 4)
+
+
+def _row_blocks(x: torch.Tensor, lut: Lut) -> torch.Tensor:
+    b, h, _, n = x.shape
+    return x.reshape(b, h, lut.nb, lut.block, n)
+
+
+class TorchPath:
+    @staticmethod
+    def sdd(a, trans_a, b, trans_b, lut: Lut):
+        a_rows = _row_blocks(_logical(a, trans_a), lut)[:, lut.heads, lut.rows]
+        b_cols = _col_blocks(_logical(b, trans_b), lut)[:, lut.heads, lut.cols]
+        return a_rows @ b_cols
+
+    @staticmethod
+    def dsd(s, trans_s, b, trans_b, lut: Lut):
+        bl = _logical(b, trans_b)
+        out_rows, k_rows = (lut.cols, lut.rows) if trans_s else (lut.rows, lut.cols)
+        prod = _logical(s, trans_s) @ _row_blocks(bl, lut)[:, lut.heads, k_rows]
+        out = torch.zeros(
+            bl.shape[0],
+            lut.num_heads * lut.nb,
+            lut.block,
+            bl.shape[-1],
+            dtype=prod.dtype,
+            device=prod.device,
+        )
+        out.index_add_(1, lut.heads.to(prod.device) * lut.nb + out_rows.to(prod.device), prod)
+        return out.reshape(bl.shape[0], lut.num_heads, lut.nb * lut.block, bl.shape[-1])
+
+    @staticmethod
+    def dds(a, trans_a, s, trans_s, lut: Lut):
+        al = _logical(a, trans_a)
+        out_cols, k_cols = (lut.rows, lut.cols) if trans_s else (lut.cols, lut.rows)
+        prod = _col_blocks(al, lut)[:, lut.heads, k_cols] @ _logical(s, trans_s)
+        b, _, m, _ = al.shape
+        out = torch.zeros(
+            b, lut.num_heads * lut.nb, m, lut.block, dtype=prod.dtype, device=prod.device
+        )
+        out.index_add_(1, lut.heads.to(prod.device) * lut.nb + out_cols.to(prod.device), prod)
+        out = out.reshape(b, lut.num_heads, lut.nb, m, lut.block).permute(0, 1, 3, 2, 4)
+        return out.reshape(b, lut.num_heads, m, lut.nb * lut.block)
+
+    @staticmethod
+    def softmax_fwd(x, scale, rpe, kp, attn, lut: Lut):
+        b = x.shape[0]
+        dense = to_dense(x.float() * scale, lut, fill=float("-inf"))
+        if rpe is not None:
+            dense = dense + rpe
+        if kp is not None:
+            dense = dense + kp[:, None, None, :]
+        if attn is not None:
+            dense = dense + attn
+        dead = torch.isneginf(dense.amax(-1, keepdim=True))
+        probs = torch.softmax(dense.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+        return from_dense(probs, lut).to(x.dtype).reshape(b, lut.nnz, lut.block, lut.block)
+
+    @staticmethod
+    def softmax_bwd(y, dy, scale, lut: Lut):
+        yf, df = y.float(), dy.float()
+        dot = to_dense(yf * df, lut, fill=0.0).sum(-1, keepdim=True)
+        dot_blocks = from_dense(dot.expand(-1, -1, -1, lut.nb * lut.block), lut)
+        return (scale * yf * (df - dot_blocks)).to(y.dtype)
+
+
+class CPUPath:
+    @staticmethod
+    def sdd(a, trans_a, b, trans_b, lut: Lut):
+        return op().sdd(a, trans_a, b, trans_b, lut.packed)
+
+    @staticmethod
+    def dsd(s, trans_s, b, trans_b, lut: Lut):
+        return op().dsd(s.contiguous(), trans_s, b, trans_b, lut.packed)
+
+    @staticmethod
+    def dds(a, trans_a, s, trans_s, lut: Lut):
+        return op().dds(a, trans_a, s.contiguous(), trans_s, lut.packed)
+
+    @staticmethod
+    def softmax_fwd(x, scale, rpe, kp, attn, lut: Lut):
+        return op().softmax_fwd(x.contiguous(), scale, rpe, kp, attn, lut.packed)
+
+    @staticmethod
+    def softmax_bwd(y, dy, scale, lut: Lut):
+        return op().softmax_bwd(y, dy.contiguous(), scale, lut.packed)
+
+
+def path_for(t: torch.Tensor) -> Any:
+    return CPUPath if t.device.type == "cpu" else TorchPath
+
+
+def to_dense(x: torch.Tensor, lut: Lut, fill: float = 0.0) -> torch.Tensor:
+    """[b, nnz, block, block] -> [b, heads, nb*block, nb*block], `fill` outside the layout."""
+    b = x.shape[0]
+    dense = x.new_full((b, lut.num_heads, lut.nb, lut.nb, lut.block, lut.block), fill)
+    dense[:, lut.heads, lut.rows, lut.cols] = x
+    side = lut.nb * lut.block
+    return dense.permute(0, 1, 2, 4, 3, 5).reshape(b, lut.num_heads, side, side)
+
+
+def from_dense(x: torch.Tensor, lut: Lut) -> torch.Tensor:
+    """[b, heads, nb*block, nb*block] -> the layout's blocks, [b, nnz, block, block]."""
+    b = x.shape[0]
+    blocks = x.reshape(b, lut.num_heads, lut.nb, lut.block, lut.nb, lut.block)
+    return blocks.permute(0, 1, 2, 4, 3, 5)[:, lut.heads, lut.rows, lut.cols]

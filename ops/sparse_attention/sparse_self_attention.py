@@ -1,0 +1,107 @@
+"""SparseSelfAttention (upstream's module of that name): scaled dot-product attention over a
+sparsity layout, for query/key/value of [batch, heads, seq, head_dim]."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .matmul import MatMul
+from .softmax import Softmax
+from .sparsity_config import SparsityConfig
+
+
+class SparseSelfAttention(nn.Module):
+    """Attention restricted to `sparsity_config`'s layout. The layout is made once, for
+    max_seq_length, and shorter sequences use its top-left corner (as upstream does).
+    key_padding_mask ([batch, seq]) and attn_mask ([seq, seq]) are added ('add') or, for
+    'mul', 0 marks what is masked out."""
+
+    def __init__(
+        self,
+        sparsity_config: SparsityConfig | None = None,
+        key_padding_mask_mode: str = "add",
+        attn_mask_mode: str = "mul",
+        max_seq_length: int = 2048,
+    ) -> None:
+        super().__init__()
+        self.sparsity_config = sparsity_config or SparsityConfig(num_heads=4)
+        for name, mode in (
+            ("key_padding_mask_mode", key_padding_mask_mode),
+            ("attn_mask_mode", attn_mask_mode),
+        ):
+            if mode not in ("add", "mul"):
+                raise ValueError(f"{name}={mode!r}: expected 'add' or 'mul'")
+        self.key_padding_mask_mode = key_padding_mask_mode
+        self.attn_mask_mode = attn_mask_mode
+        self.max_seq_length = max_seq_length
+        self.master_layout = self.sparsity_config.make_layout(max_seq_length)
+        self._ops: dict[int, tuple[MatMul, Softmax, MatMul]] = {}
+
+    def get_layout(self, seq_len: int) -> torch.Tensor:
+        block = self.sparsity_config.block
+        if seq_len % block:
+            raise ValueError(
+                f"sequence length {seq_len} is not a multiple of the block size {block}; pad it "
+                "(SparseAttentionUtils.pad_to_block_size)"
+            )
+        n = seq_len // block
+        return self.master_layout[:, :n, :n]
+
+    def get_ops(self, heads: int, seq_len: int) -> tuple[MatMul, Softmax, MatMul]:
+        if seq_len not in self._ops:
+            layout, block = self.get_layout(seq_len), self.sparsity_config.block
+            self._ops[seq_len] = (
+                MatMul(layout, block, "sdd", trans_a=False, trans_b=True),
+                Softmax(layout, block),
+                MatMul(layout, block, "dsd"),
+            )
+        return self._ops[seq_len]
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        rpe: torch.Tensor | None = None,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if query.dim() != 4:
+            raise ValueError(
+                f"query has shape {tuple(query.shape)}; expected [batch, heads, seq, head_dim]"
+            )
+        bsz, heads, seq, head_dim = query.shape
+        if heads != self.sparsity_config.num_heads:
+            raise ValueError(
+                f"query has {heads} heads but the sparsity config was made for "
+                f"num_heads={self.sparsity_config.num_heads}"
+            )
+        if seq > self.max_seq_length:
+            raise ValueError(
+                f"sequence length {seq} exceeds max_seq_length={self.max_seq_length}; raise "
+                "max_seq_length"
+            )
+        if key.shape[-1] == seq and key.shape[-2] != seq:  # given as [b, h, head_dim, seq]
+            key = key.transpose(-1, -2)
+        for name, t in (("key", key), ("value", value)):
+            if tuple(t.shape) != (bsz, heads, seq, head_dim):
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)}; query has {tuple(query.shape)}"
+                )
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.reshape(bsz, -1)  # [b, 1, 1, s] as well
+        if attn_mask is not None:
+            attn_mask = attn_mask.reshape(attn_mask.shape[-2], attn_mask.shape[-1])
+        sdd, softmax, dsd = self.get_ops(heads, seq)
+        scores = sdd(query, key)
+        probs = softmax(
+            scores,
+            scale=float(head_dim) ** -0.5,
+            rpe=rpe,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            key_padding_mask_mode=self.key_padding_mask_mode,
+            attn_mask_mode=self.attn_mask_mode,
+        )
+        return dsd(probs, value)
