@@ -91,9 +91,13 @@ void check_sparse(const char* op, const at::Tensor& s, const char* name, const B
 }
 
 at::Tensor sdd(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b,
-               const at::Tensor& lut) {
+               const at::Tensor& lut, int64_t nnz, int64_t block) {
   constexpr const char* op = "sparse_attention.sdd";
   const BlockLut L = parse_lut(op, lut);
+  // nnz and block travel as arguments too, so the output shape is known without reading the
+  // table (torch.compile's fake implementation cannot)
+  TORCH_CHECK(nnz == L.nnz && block == L.block, op, ": nnz=", nnz, " and block=", block,
+              " disagree with the lut's ", L.nnz, " and ", L.block);
   const int64_t batch = a.dim() == 4 ? a.size(0) : -1;
   const DenseView A = view_of(op, a, "a", trans_a, L, batch, a);
   const DenseView B = view_of(op, b, "b", trans_b, L, batch, a);
@@ -207,13 +211,25 @@ at::Tensor softmax_bwd(const at::Tensor& y, const at::Tensor& dy, double scale,
 
 }  // namespace
 
+// Schemas here, CPU kernels below: an op defined with its kernel in one step would be
+// CompositeImplicitAutograd, which refuses the fake (meta) implementations torch.compile needs
+// (registered in ops/sparse_attention/kernels.py).
 TORCH_LIBRARY(ds_sparse_attention, m) {
-  m.def("sdd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor", &sdd);
-  m.def("dsd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor", &dsd);
-  m.def("dds(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor", &dds);
+  m.def(
+      "sdd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut, int nnz, int block) -> "
+      "Tensor");
+  m.def("dsd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
+  m.def("dds(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
   m.def(
       "softmax_fwd(Tensor x, float scale, Tensor? rpe, Tensor? key_padding_mask, "
-      "Tensor? attn_mask, Tensor lut) -> Tensor",
-      &softmax_fwd);
-  m.def("softmax_bwd(Tensor y, Tensor dy, float scale, Tensor lut) -> Tensor", &softmax_bwd);
+      "Tensor? attn_mask, Tensor lut) -> Tensor");
+  m.def("softmax_bwd(Tensor y, Tensor dy, float scale, Tensor lut) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ds_sparse_attention, CPU, m) {
+  m.impl("sdd", &sdd);
+  m.impl("dsd", &dsd);
+  m.impl("dds", &dds);
+  m.impl("softmax_fwd", &softmax_fwd);
+  m.impl("softmax_bwd", &softmax_bwd);
 }

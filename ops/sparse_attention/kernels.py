@@ -20,7 +20,35 @@ def op() -> Any:
     global _op
     if _op is None:
         _op = SparseAttnBuilder().load()
+        _register_fakes()
     return _op
+
+
+def _register_fakes() -> None:
+    """Shapes of each op's result from its inputs alone, so torch.compile can trace them."""
+    lib = "ds_sparse_attention"
+
+    @torch.library.register_fake(f"{lib}::sdd")
+    def _sdd(a, trans_a, b, trans_b, lut, nnz, block):
+        return a.new_empty(a.shape[0], nnz, block, block)
+
+    @torch.library.register_fake(f"{lib}::dsd")
+    def _dsd(s, trans_s, b, trans_b, lut):
+        bl = b.transpose(-1, -2) if trans_b else b
+        return s.new_empty(s.shape[0], bl.shape[1], bl.shape[2], bl.shape[3])
+
+    @torch.library.register_fake(f"{lib}::dds")
+    def _dds(a, trans_a, s, trans_s, lut):
+        al = a.transpose(-1, -2) if trans_a else a
+        return s.new_empty(s.shape[0], al.shape[1], al.shape[2], al.shape[3])
+
+    @torch.library.register_fake(f"{lib}::softmax_fwd")
+    def _softmax_fwd(x, scale, rpe, kp, attn, lut):
+        return torch.empty_like(x)
+
+    @torch.library.register_fake(f"{lib}::softmax_bwd")
+    def _softmax_bwd(y, dy, scale, lut):
+        return torch.empty_like(y)
 
 
 def _logical(x: torch.Tensor, trans: bool) -> torch.Tensor:
@@ -99,7 +127,7 @@ class TorchPath:
 class CPUPath:
     @staticmethod
     def sdd(a, trans_a, b, trans_b, lut: Lut):
-        return op().sdd(a, trans_a, b, trans_b, lut.packed)
+        return op().sdd(a, trans_a, b, trans_b, lut.packed, lut.nnz, lut.block)
 
     @staticmethod
     def dsd(s, trans_s, b, trans_b, lut: Lut):

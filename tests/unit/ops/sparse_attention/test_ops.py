@@ -226,9 +226,22 @@ def test_bad_input_is_named():
     bad = lut.packed.clone()
     bad[4] = 5  # a block's head out of range
     with pytest.raises(RuntimeError, match="lut block 0 is out of range"):
-        K.op().sdd(torch.randn(1, 1, 32, 4), False, torch.randn(1, 1, 4, 32), False, bad)
+        K.op().sdd(torch.randn(1, 1, 32, 4), False, torch.randn(1, 1, 4, 32), False, bad, 4, BS)
 
 
 def test_the_lut_is_built_once_per_layout():
     lay = torch.ones(1, 3, 3, dtype=torch.long)
     assert lut_for(lay, BS) is lut_for(lay.clone(), BS)
+
+
+def test_torch_compile_traces_the_ops():
+    config = FixedSparsityConfig(H, BS, num_local_blocks=2)
+    att = SparseSelfAttention(config, max_seq_length=SIDE)
+    q, k, v = (rand(BATCH, H, SIDE, D, seed=i) for i in (21, 22, 23))
+    eager = att(q, k, v)
+    compiled = torch.compile(att, backend="aot_eager", fullgraph=True)(q, k, v)
+    torch.testing.assert_close(compiled, eager)
+    g = torch.randn_like(eager)
+    torch.testing.assert_close(
+        torch.autograd.grad(compiled, (q, k, v), g), torch.autograd.grad(eager, (q, k, v), g)
+    )
