@@ -2,8 +2,10 @@
 the block-sparse MatMul and Softmax ([Note: block-sparse kernels] in csrc/sparse_attention),
 and SparseSelfAttention over them."""
 
+from .bert_sparse_self_attention import BertSparseSelfAttention
 from .matmul import MatMul
 from .softmax import Softmax
+from .sparse_attention_utils import SparseAttentionUtils
 from .sparse_self_attention import SparseSelfAttention
 from .sparsity_config import (
     BigBirdSparsityConfig,
@@ -17,8 +19,10 @@ from .sparsity_config import (
 
 __all__ = [
     "BSLongformerSparsityConfig",
+    "BertSparseSelfAttention",
     "MatMul",
     "Softmax",
+    "SparseAttentionUtils",
     "SparseSelfAttention",
     "BigBirdSparsityConfig",
     "DenseSparsityConfig",

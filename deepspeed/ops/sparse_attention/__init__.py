@@ -1,4 +1,5 @@
 from deepspeed_ext.ops.sparse_attention import (
+    BertSparseSelfAttention,
     BigBirdSparsityConfig,
     BSLongformerSparsityConfig,
     DenseSparsityConfig,
@@ -6,6 +7,7 @@ from deepspeed_ext.ops.sparse_attention import (
     LocalSlidingWindowSparsityConfig,
     MatMul,
     Softmax,
+    SparseAttentionUtils,
     SparseSelfAttention,
     SparsityConfig,
     VariableSparsityConfig,
@@ -15,12 +17,14 @@ from . import sparsity_config
 
 __all__ = [
     "BSLongformerSparsityConfig",
+    "BertSparseSelfAttention",
     "BigBirdSparsityConfig",
     "DenseSparsityConfig",
     "FixedSparsityConfig",
     "LocalSlidingWindowSparsityConfig",
     "MatMul",
     "Softmax",
+    "SparseAttentionUtils",
     "SparseSelfAttention",
     "SparsityConfig",
     "VariableSparsityConfig",
