@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from deepspeed_ext.utils import numa
+
 from .devices import local_gpus
 from .env import NodePlan, decode_world_info, rank_env
 from .ports import DEFAULT_MASTER_PORT
@@ -37,6 +39,8 @@ class ScriptSpec:
     module: bool = False  # python -m script
     no_python: bool = False  # run the script itself, no interpreter in front
     no_local_rank: bool = False  # do not append --local_rank=<n>
+    bind_cores: bool = False  # each rank on its share of the cores ([Note: core binding])
+    bind_core_list: str | None = None  # the cores to share out (None: all this process may use)
 
     def __post_init__(self) -> None:
         if self.module and self.no_python:
@@ -50,6 +54,21 @@ class ScriptSpec:
         if not self.no_local_rank:
             cmd.append(f"--local_rank={local_rank}")
         return cmd + list(self.args)
+
+
+def bound_command(
+    cmd: list[str], core_list: str | None, local_size: int, local_rank: int
+) -> tuple[list[str], int]:
+    """[Note: core binding] `cmd` confined to this rank's share of the cores, and the share's
+    size (the rank's OMP_NUM_THREADS): through numactl where installed, which also binds
+    memory to the cores' NUMA node; else through `deepspeed_ext.launcher.bind` (cores only)."""
+    if numa.check_for_numactl_pkg():
+        per_rank, prefix = numa.get_numactl_cmd(core_list, local_size, local_rank)
+    else:
+        per_rank, cores = numa.cores_for_rank(core_list, local_size, local_rank)
+        bind = [sys.executable, "-m", "deepspeed_ext.launcher.bind"]
+        prefix = [*bind, numa.format_cores(cores), "--"]
+    return prefix + cmd, per_rank
 
 
 def say(message: str) -> None:
@@ -162,12 +181,19 @@ def launch_node(
         try:
             for local_rank in range(plan.local_size):
                 rank = plan.global_rank(local_rank)
+                cmd, env = spec.command(local_rank), rank_env(base, plan, local_rank)
+                if spec.bind_cores:
+                    cmd, threads = bound_command(
+                        cmd, spec.bind_core_list, plan.local_size, local_rank
+                    )
+                    if "OMP_NUM_THREADS" not in base:
+                        env["OMP_NUM_THREADS"] = str(threads)
                 ranks.append(
                     RankProcess(
                         rank,
                         local_rank,
-                        spec.command(local_rank),
-                        rank_env(base, plan, local_rank),
+                        cmd,
+                        env,
                         log_path=logs[local_rank],
                         prefix=f"[rank {rank}] ".encode() if many else None,
                     )

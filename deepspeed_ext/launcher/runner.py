@@ -27,7 +27,7 @@ from .hostfile import (
     parse_inclusion_exclusion,
     parse_resource_filter,
 )
-from .launch import ScriptSpec, launch_node, say
+from .launch import ScriptSpec, bound_command, launch_node, say
 from .ports import DEFAULT_MASTER_PORT, choose_master_port
 
 __all__ = [
@@ -53,8 +53,6 @@ _CONFIG_FLAGS = ("--deepspeed_config", "--deepspeed")
 _UNSUPPORTED = {
     "autotuning": "--autotuning",
     "elastic_training": "--elastic_training",
-    "bind_cores_to_rank": "--bind_cores_to_rank",
-    "bind_core_list": "--bind_core_list",
 }
 
 
@@ -103,8 +101,17 @@ def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_elastic_nodes", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--elastic_training", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--autotuning", default="", choices=["", "tune", "run"], help=argparse.SUPPRESS)
-    p.add_argument("--bind_cores_to_rank", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--bind_core_list", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--bind_cores_to_rank",
+        action="store_true",
+        help="give each rank an equal share of the cores (and their NUMA memory, with numactl); "
+        "OMP_NUM_THREADS = the share",
+    )
+    p.add_argument(
+        "--bind_core_list",
+        default=None,
+        help="the cores --bind_cores_to_rank shares out, e.g. 0-15,32-47 (default: all)",
+    )
     p.add_argument("user_script", nargs="?", help="the training script, then its arguments")
     p.add_argument("user_args", nargs=argparse.REMAINDER)
     return p.parse_args(args)
@@ -231,6 +238,8 @@ def _run(args: argparse.Namespace) -> int:
     for attr, flag in _UNSUPPORTED.items():
         if getattr(args, attr):
             raise LauncherError(f"{flag} is not supported by this launcher")
+    if args.bind_core_list is not None and not args.bind_cores_to_rank:
+        raise LauncherError("--bind_core_list only goes with --bind_cores_to_rank")
     try:
         spec = ScriptSpec(
             args.user_script,
@@ -238,6 +247,8 @@ def _run(args: argparse.Namespace) -> int:
             module=args.module,
             no_python=args.no_python,
             no_local_rank=args.no_local_rank,
+            bind_cores=args.bind_cores_to_rank,
+            bind_core_list=args.bind_core_list,
         )
         pool = fetch_hostfile(args.hostfile)
         extra_env = read_deepspeed_env()
@@ -263,6 +274,11 @@ def _run(args: argparse.Namespace) -> int:
     if note:
         say(note)
     plan = NodePlan(res.active, 0, master_addr, master_port, res.devices)
+    if spec.bind_cores:
+        try:  # before any rank starts: enough cores for every rank, a readable list
+            bound_command([], spec.bind_core_list, plan.local_size, 0)
+        except ValueError as e:
+            raise LauncherError(f"--bind_cores_to_rank: {e}") from None
     on = f"GPU(s) {','.join(res.devices)}" if res.devices is not None else "CPU"
     say(f"{plan.world_size} rank(s) on {plan.hosts[0]} ({on}), master {master_addr}:{master_port}")
 
