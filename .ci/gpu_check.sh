@@ -36,7 +36,7 @@ step() { # name, command...: runs one step, logs it to $OUT/<name>.log, remember
 build() {
   python3 -c "from deepspeed_ext.op_builder.all_ops import ALL_OPS; ALL_OPS['$1']().load(verbose=False); print('built $1')"
 }
-step builds bash -c "$(declare -f build); for op in fused_adam fused_lamb packbits_cuda; do build \$op & done; wait"
+step builds bash -c "$(declare -f build); for op in fused_adam fused_lamb packbits_cuda transformer_cuda; do build \$op & done; wait"
 step ds_report ds_report
 # xdist (where installed) keeps a crashing test from taking the rest of the run with it
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")

@@ -36,11 +36,13 @@ def _register_cuda_ops() -> None:
         from .fused_adam import FusedAdamBuilder
         from .fused_lamb import FusedLambBuilder
         from .packbits_cuda import PackBitsCudaBuilder
+        from .transformer_cuda import TransformerCudaBuilder
     except ImportError:  # pragma: no cover - files land with the CUDA ops
         return
     register(FusedAdamBuilder)
     register(FusedLambBuilder)
     register(PackBitsCudaBuilder)
+    register(TransformerCudaBuilder)
 
 
 _register_cuda_ops()

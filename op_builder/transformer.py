@@ -6,4 +6,4 @@ from .builder import CPUOpBuilder
 class TransformerBuilder(CPUOpBuilder):
     NAME = "transformer"
     SOURCES = ("transformer/transformer_core.cpp", "bindings/transformer.cpp")
-    INCLUDES = ("includes", ".")
+    INCLUDES = ("includes", ".", "bindings")

@@ -25,6 +25,8 @@
 #include <array>
 #include <cstdint>
 
+#include "cuda_convert.cuh"
+
 namespace ds {
 namespace mta {
 
@@ -137,26 +139,8 @@ cudaError_t multi_tensor_apply(int n, const std::array<void* const*, kDepth>& li
 }
 
 // ---- element access: fp32 math on fp32 / fp16 / bf16 storage ------------------------------
-// Explicit intrinsics, because torch builds with __CUDA_NO_HALF_CONVERSIONS__ and friends.
-
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
+using cvt::from_float;
+using cvt::to_float;
 
 template <typename T, int N>
 struct alignas(sizeof(T) * N) Pack {

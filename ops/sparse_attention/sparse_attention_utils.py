@@ -13,7 +13,7 @@ from .bert_sparse_self_attention import HFBertSparseSelfAttention
 from .sparsity_config import SparsityConfig
 
 
-def _encoder_of(model: nn.Module) -> tuple[str, nn.Module]:
+def _encoder_of(model: Any) -> tuple[str, Any]:
     for name in ("bert", "roberta"):
         if hasattr(model, name):
             return name, getattr(model, name)
@@ -28,7 +28,7 @@ def _encoder_of(model: nn.Module) -> tuple[str, nn.Module]:
 
 class SparseAttentionUtils:
     @staticmethod
-    def extend_position_embedding(model: nn.Module, max_position: int) -> nn.Module:
+    def extend_position_embedding(model: Any, max_position: int) -> Any:
         """Position embeddings for max_position tokens: the trained ones repeated (RoBERTa's
         first two, its padding offset, kept once)."""
         kind, enc = _encoder_of(model)
@@ -65,8 +65,8 @@ class SparseAttentionUtils:
 
     @staticmethod
     def replace_model_self_attention_with_sparse_self_attention(
-        model: nn.Module, max_position: int, sparsity_config: SparsityConfig | None = None
-    ) -> nn.Module:
+        model: Any, max_position: int, sparsity_config: SparsityConfig | None = None
+    ) -> Any:
         _, enc = _encoder_of(model)
         model.config.max_position_embeddings = max_position
         SparseAttentionUtils.replace_self_attention_layer_with_sparse_self_attention_layer(
@@ -102,7 +102,7 @@ class SparseAttentionUtils:
         (pad_len, input_ids, attention_mask, token_type_ids, position_ids, inputs_embeds)."""
         if input_ids is None and inputs_embeds is None:
             raise ValueError("pad_to_block_size needs input_ids or inputs_embeds")
-        ref = input_ids if input_ids is not None else inputs_embeds
+        ref: torch.Tensor = input_ids if input_ids is not None else inputs_embeds  # type: ignore[assignment]
         batch, seq = ref.shape[0], ref.shape[1]
         pad_len = (block_size - seq % block_size) % block_size
         if pad_len == 0:

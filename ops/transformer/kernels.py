@@ -1,18 +1,23 @@
 """The transformer layer's kernels behind one interface ([Note: transformer kernels] in
-csrc/transformer): the C++ op on CPU tensors, the same math in torch ops elsewhere (CUDA
-kernels are not built yet). Both draw dropout masks from [Note: replayed dropout], so a
-layer's masks depend on (seed, offset) only, never on the device."""
+csrc/transformer): the C++ op on CPU tensors, the CUDA op on CUDA tensors, the same math in
+torch ops elsewhere (and on CUDA when its op cannot be built: said once). All draw dropout
+masks from [Note: replayed dropout], so a layer's masks depend on (seed, offset) only, never
+on the device."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import torch
 
+from deepspeed_ext.op_builder.errors import OpBuildError
 from deepspeed_ext.op_builder.transformer import TransformerBuilder
+from deepspeed_ext.op_builder.transformer_cuda import TransformerCudaBuilder
 
 _op: Any = None
+_cuda_op: Any = None  # False once the CUDA op failed to build
 
 
 def op() -> Any:
@@ -72,44 +77,60 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.shape[-1])
 
 
-class CPUKernels:
-    """The C++ op ([Note: transformer kernels])."""
+class _OpKernels:
+    """A compiled op ([Note: transformer kernels]): `_lib()` gives its torch.ops namespace."""
 
     @staticmethod
-    def layer_norm_fwd(x, gamma, beta, eps):
-        return op().layer_norm_fwd(x.contiguous(), gamma.contiguous(), beta.contiguous(), eps)
+    def _lib() -> Any:
+        raise NotImplementedError
 
-    @staticmethod
-    def layer_norm_bwd(dy, src, src_is_output, gamma, beta, mean, rstd):
-        return op().layer_norm_bwd(
+    @classmethod
+    def layer_norm_fwd(cls, x, gamma, beta, eps):
+        return cls._lib().layer_norm_fwd(x.contiguous(), gamma.contiguous(), beta.contiguous(), eps)
+
+    @classmethod
+    def layer_norm_bwd(cls, dy, src, src_is_output, gamma, beta, mean, rstd):
+        return cls._lib().layer_norm_bwd(
             dy.contiguous(), src, src_is_output, gamma.contiguous(), beta.contiguous(), mean, rstd
         )
 
-    @staticmethod
-    def bias_gelu_fwd(x, bias):
-        return op().bias_gelu_fwd(x.contiguous(), bias.contiguous())
+    @classmethod
+    def bias_gelu_fwd(cls, x, bias):
+        return cls._lib().bias_gelu_fwd(x.contiguous(), bias.contiguous())
 
-    @staticmethod
-    def bias_gelu_bwd(dy, x, bias):
-        return op().bias_gelu_bwd(dy.contiguous(), x.contiguous(), bias.contiguous())
+    @classmethod
+    def bias_gelu_bwd(cls, dy, x, bias):
+        return cls._lib().bias_gelu_bwd(dy.contiguous(), x.contiguous(), bias.contiguous())
 
-    @staticmethod
-    def bias_dropout_residual(x, bias, residual, p, seed, offset):
-        return op().bias_dropout_residual(
+    @classmethod
+    def bias_dropout_residual(cls, x, bias, residual, p, seed, offset):
+        return cls._lib().bias_dropout_residual(
             x.contiguous(), bias.contiguous(), residual.contiguous(), p, seed, offset
         )
 
-    @staticmethod
-    def dropout(x, p, seed, offset):
-        return op().dropout(x.contiguous(), p, seed, offset)
+    @classmethod
+    def dropout(cls, x, p, seed, offset):
+        return cls._lib().dropout(x.contiguous(), p, seed, offset)
 
-    @staticmethod
-    def softmax_fwd(scores, mask, scale):
-        return op().softmax_fwd(scores.contiguous(), mask, scale)
+    @classmethod
+    def softmax_fwd(cls, scores, mask, scale):
+        return cls._lib().softmax_fwd(scores.contiguous(), mask, scale)
 
+    @classmethod
+    def softmax_bwd(cls, dprobs, probs, scale):
+        return cls._lib().softmax_bwd(dprobs.contiguous(), probs, scale)
+
+
+class CPUKernels(_OpKernels):
     @staticmethod
-    def softmax_bwd(dprobs, probs, scale):
-        return op().softmax_bwd(dprobs.contiguous(), probs, scale)
+    def _lib() -> Any:
+        return op()
+
+
+class CUDAKernels(_OpKernels):
+    @staticmethod
+    def _lib() -> Any:
+        return _cuda_op
 
 
 class TorchKernels:
@@ -180,5 +201,22 @@ class TorchKernels:
         return (scale * pr * (d - (d * pr).sum(-1, keepdim=True))).to(probs.dtype)
 
 
+def _cuda_available() -> bool:
+    global _cuda_op
+    if _cuda_op is None:
+        try:
+            _cuda_op = TransformerCudaBuilder().load()
+        except OpBuildError as e:
+            warnings.warn(
+                f"transformer CUDA kernels unavailable, using torch ops: {e}", stacklevel=2
+            )
+            _cuda_op = False
+    return _cuda_op is not False
+
+
 def kernels_for(t: torch.Tensor) -> Any:
-    return CPUKernels if t.device.type == "cpu" else TorchKernels
+    if t.device.type == "cpu":
+        return CPUKernels
+    if t.device.type == "cuda" and _cuda_available():
+        return CUDAKernels
+    return TorchKernels
