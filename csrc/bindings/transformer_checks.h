@@ -78,6 +78,66 @@ inline void check_stats(const char* op, const at::Tensor& mean, const at::Tensor
   }
 }
 
+// Each op's whole input check, shared by the CPU and CUDA bindings; each returns the widths
+// (and row counts) the kernels need.
+
+// layer_norm_fwd: the row width h.
+inline int64_t check_ln_fwd(const char* op, const at::Tensor& x, const at::Tensor& gamma,
+                            const at::Tensor& beta, double eps, at::DeviceType dev) {
+  check(op, x, "x", nullptr, dev);
+  const int64_t h = width(op, x);
+  check_vector(op, gamma, "gamma", x, h);
+  check_vector(op, beta, "beta", x, h);
+  TORCH_CHECK(eps > 0 && eps < 1, op, ": eps must be in (0, 1), got ", eps);
+  return h;
+}
+
+// layer_norm_bwd: (rows, h).
+inline std::pair<int64_t, int64_t> check_ln_bwd(const char* op, const at::Tensor& dy,
+                                                const at::Tensor& src, const at::Tensor& gamma,
+                                                const at::Tensor& beta, const at::Tensor& mean,
+                                                const at::Tensor& rstd, at::DeviceType dev) {
+  check(op, src, "src", nullptr, dev);
+  const int64_t h = width(op, src);
+  const int64_t rows = src.numel() / h;
+  check_same(op, dy, "dy", src);
+  check_vector(op, gamma, "gamma", src, h);
+  check_vector(op, beta, "beta", src, h);
+  check_stats(op, mean, rstd, src, rows);
+  return {rows, h};
+}
+
+// bias_gelu_fwd (dy undefined) / bias_gelu_bwd: the row width n.
+inline int64_t check_bias_gelu(const char* op, const at::Tensor& x, const at::Tensor& bias,
+                               const at::Tensor* dy, at::DeviceType dev) {
+  check(op, x, "x", nullptr, dev);
+  const int64_t n = width(op, x);
+  if (dy != nullptr) check_same(op, *dy, "dy", x);
+  check_vector(op, bias, "bias", x, n);
+  return n;
+}
+
+// bias_dropout_residual: the row width n.
+inline int64_t check_bias_dropout_residual(const char* op, const at::Tensor& x,
+                                           const at::Tensor& bias, const at::Tensor& residual,
+                                           double p, int64_t seed, int64_t offset,
+                                           at::DeviceType dev) {
+  check(op, x, "x", nullptr, dev);
+  const int64_t n = width(op, x);
+  check_vector(op, bias, "bias", x, n);
+  check_same(op, residual, "residual", x);
+  check_dropout(op, p, seed, offset);
+  return n;
+}
+
+// softmax_bwd: the row width sk.
+inline int64_t check_softmax_bwd(const char* op, const at::Tensor& dprobs, const at::Tensor& probs,
+                                 at::DeviceType dev) {
+  check(op, probs, "probs", nullptr, dev);
+  check_same(op, dprobs, "dprobs", probs);
+  return width(op, probs);
+}
+
 // The shape of a softmax over scores [batch, heads, queries, keys] and its optional fp32
 // additive mask [batch, 1 or queries, keys] (beside the scores).
 inline std::pair<ds::SoftmaxShape, const float*> softmax_shape(

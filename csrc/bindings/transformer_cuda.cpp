@@ -30,11 +30,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fwd(const at::Tensor& 
                                                               const at::Tensor& gamma,
                                                               const at::Tensor& beta, double eps) {
   constexpr const char* op = "transformer_cuda.layer_norm_fwd";
-  check(op, x, "x", nullptr, kDev);
-  const int64_t h = width(op, x);
-  check_vector(op, gamma, "gamma", x, h);
-  check_vector(op, beta, "beta", x, h);
-  TORCH_CHECK(eps > 0 && eps < 1, op, ": eps must be in (0, 1), got ", eps);
+  const int64_t h = check_ln_fwd(op, x, gamma, beta, eps, kDev);
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t rows = x.numel() / h;
   at::Tensor y = at::empty_like(x);
@@ -51,13 +47,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
     const at::Tensor& dy, const at::Tensor& src, bool src_is_output, const at::Tensor& gamma,
     const at::Tensor& beta, const at::Tensor& mean, const at::Tensor& rstd) {
   constexpr const char* op = "transformer_cuda.layer_norm_bwd";
-  check(op, src, "src", nullptr, kDev);
-  const int64_t h = width(op, src);
-  const int64_t rows = src.numel() / h;
-  check_same(op, dy, "dy", src);
-  check_vector(op, gamma, "gamma", src, h);
-  check_vector(op, beta, "beta", src, h);
-  check_stats(op, mean, rstd, src, rows);
+  const auto [rows, h] = check_ln_bwd(op, dy, src, gamma, beta, mean, rstd, kDev);
   const c10::cuda::CUDAGuard guard(src.device());
   at::Tensor dx = at::empty_like(src);
   const int64_t parts = ds::layer_norm_bwd_parts(rows);
@@ -73,9 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_bwd(
 
 at::Tensor bias_gelu_fwd(const at::Tensor& x, const at::Tensor& bias) {
   constexpr const char* op = "transformer_cuda.bias_gelu_fwd";
-  check(op, x, "x", nullptr, kDev);
-  const int64_t n = width(op, x);
-  check_vector(op, bias, "bias", x, n);
+  const int64_t n = check_bias_gelu(op, x, bias, nullptr, kDev);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty_like(x);
   C10_CUDA_CHECK(ds::bias_gelu_fwd_cuda(dtype_of(x), x.const_data_ptr(), bias.const_data_ptr(),
@@ -85,10 +73,7 @@ at::Tensor bias_gelu_fwd(const at::Tensor& x, const at::Tensor& bias) {
 
 at::Tensor bias_gelu_bwd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& bias) {
   constexpr const char* op = "transformer_cuda.bias_gelu_bwd";
-  check(op, x, "x", nullptr, kDev);
-  const int64_t n = width(op, x);
-  check_same(op, dy, "dy", x);
-  check_vector(op, bias, "bias", x, n);
+  const int64_t n = check_bias_gelu(op, x, bias, &dy, kDev);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor dx = at::empty_like(x);
   C10_CUDA_CHECK(ds::bias_gelu_bwd_cuda(dtype_of(x), dy.const_data_ptr(), x.const_data_ptr(),
@@ -101,11 +86,7 @@ at::Tensor bias_dropout_residual(const at::Tensor& x, const at::Tensor& bias,
                                  const at::Tensor& residual, double p, int64_t seed,
                                  int64_t offset) {
   constexpr const char* op = "transformer_cuda.bias_dropout_residual";
-  check(op, x, "x", nullptr, kDev);
-  const int64_t n = width(op, x);
-  check_vector(op, bias, "bias", x, n);
-  check_same(op, residual, "residual", x);
-  check_dropout(op, p, seed, offset);
+  const int64_t n = check_bias_dropout_residual(op, x, bias, residual, p, seed, offset, kDev);
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
   C10_CUDA_CHECK(ds::bias_dropout_residual_cuda(
@@ -142,9 +123,7 @@ at::Tensor softmax_fwd(const at::Tensor& scores, const std::optional<at::Tensor>
 
 at::Tensor softmax_bwd(const at::Tensor& dprobs, const at::Tensor& probs, double scale) {
   constexpr const char* op = "transformer_cuda.softmax_bwd";
-  check(op, probs, "probs", nullptr, kDev);
-  check_same(op, dprobs, "dprobs", probs);
-  const int64_t sk = width(op, probs);
+  const int64_t sk = check_softmax_bwd(op, dprobs, probs, kDev);
   const c10::cuda::CUDAGuard guard(probs.device());
   at::Tensor ds_ = at::empty_like(probs);
   C10_CUDA_CHECK(ds::softmax_bwd_cuda(

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 namespace ds {
 
@@ -33,5 +34,23 @@ inline float fast_exp(float x) {
 // tanh(z) = 1 - 2 / (e^{2z} + 1): exact at both tails (e^{2z} saturates), absolute error
 // ~1e-7 near 0, which is all GeLU's 0.5 u (1 + tanh) needs.
 inline float fast_tanh(float z) { return 1.f - 2.f / (fast_exp(2.f * z) + 1.f); }
+
+// v[0..n) <- softmax(v), given mx = max(v). A row of -inf only (every entry masked out)
+// becomes zeros, not NaN: it attends to nothing.
+inline void softmax_row(float* v, int64_t n, float mx) {
+  if (mx == -std::numeric_limits<float>::infinity()) {
+    for (int64_t j = 0; j < n; ++j) v[j] = 0.f;
+    return;
+  }
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    v[j] = fast_exp(v[j] - mx);
+    sum += v[j];
+  }
+  const float inv = 1.f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) v[j] *= inv;
+}
 
 }  // namespace ds

@@ -175,20 +175,7 @@ void softmax_fwd(const BlockLut& L, const T* x, T* y, float scale, const Softmax
         }
       }
       const int64_t n = (e1 - e0) * bs;
-      if (mx == neg_inf) {  // nothing to attend to: zeros, not NaN
-        std::fill(row.begin(), row.begin() + n, 0.f);
-      } else {
-        float sum = 0.f;
-        float* v = row.data();
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < n; ++j) {
-          v[j] = fast_exp(v[j] - mx);
-          sum += v[j];
-        }
-        const float inv = 1.f / sum;
-#pragma omp simd
-        for (int64_t j = 0; j < n; ++j) v[j] *= inv;
-      }
+      softmax_row(row.data(), n, mx);
       for (int32_t e = e0; e < e1; ++e) {
         const int64_t z = L.row_idx[e];
         T* yr = y + ((b * L.nnz + z) * bs + i) * bs;

@@ -169,19 +169,7 @@ void smax_fwd(const T* scores, const float* mask, T* probs, float scale, const S
       row[j] = row[j] * scale + (m != nullptr ? m[j] : 0.f);
       mx = row[j] > mx ? row[j] : mx;
     }
-    if (mx == neg_inf) {  // every key masked out: attend to nothing
-      for (int64_t j = 0; j < n; ++j) row[j] = 0.f;
-    } else {
-      float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < n; ++j) {
-        row[j] = fast_exp(row[j] - mx);
-        sum += row[j];
-      }
-      const float inv = 1.f / sum;
-#pragma omp simd
-      for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-    }
+    softmax_row(row.data(), n, mx);
     store_row(row.data(), probs + r * n, n);
   }
 }

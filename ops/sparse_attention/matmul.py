@@ -23,12 +23,17 @@ def _t(x: torch.Tensor | None, trans: bool) -> torch.Tensor | None:
     return x.transpose(-1, -2) if x is not None and trans else x
 
 
+def _forward(ctx: Any, mode: str, x, tx: bool, y, ty: bool, lut: Lut):
+    """Every product's forward: keep the operands and flags for its backward, and compute."""
+    ctx.save_for_backward(x, y)
+    ctx.args = (tx, ty, lut)
+    return getattr(path_for(x), mode)(x, tx, y, ty, lut)
+
+
 class _SDD(Function):
     @staticmethod
     def forward(ctx: Any, a, b, trans_a: bool, trans_b: bool, lut: Lut):
-        ctx.save_for_backward(a, b)
-        ctx.args = (trans_a, trans_b, lut)
-        return path_for(a).sdd(a, trans_a, b, trans_b, lut)
+        return _forward(ctx, "sdd", a, trans_a, b, trans_b, lut)
 
     @staticmethod
     def backward(ctx: Any, dc):
@@ -46,9 +51,7 @@ class _SDD(Function):
 class _DSD(Function):
     @staticmethod
     def forward(ctx: Any, s, b, trans_s: bool, trans_b: bool, lut: Lut):
-        ctx.save_for_backward(s, b)
-        ctx.args = (trans_s, trans_b, lut)
-        return path_for(s).dsd(s, trans_s, b, trans_b, lut)
+        return _forward(ctx, "dsd", s, trans_s, b, trans_b, lut)
 
     @staticmethod
     def backward(ctx: Any, dc):
@@ -66,9 +69,7 @@ class _DSD(Function):
 class _DDS(Function):
     @staticmethod
     def forward(ctx: Any, a, s, trans_a: bool, trans_s: bool, lut: Lut):
-        ctx.save_for_backward(a, s)
-        ctx.args = (trans_a, trans_s, lut)
-        return path_for(a).dds(a, trans_a, s, trans_s, lut)
+        return _forward(ctx, "dds", a, trans_a, s, trans_s, lut)
 
     @staticmethod
     def backward(ctx: Any, dc):

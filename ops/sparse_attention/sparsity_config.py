@@ -13,7 +13,7 @@ unidirectional layout never attends to a later block: random blocks included.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -67,8 +67,32 @@ class SparsityConfig:
             layout[1:] = layout[0]
         return layout
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
+    def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
+        """The pattern, as the steps that set one head's blocks, in order."""
         raise NotImplementedError(f"{type(self).__name__} defines no pattern; use a subclass")
+
+    def make_layout(self, seq_len: int) -> torch.Tensor:
+        layout = self.setup_layout(seq_len)
+        steps = self.layout_steps()
+        for h in range(self.num_layout_heads):
+            for step in steps:
+                step(h, layout)
+        return self.check_and_propagate_first_head_layout(layout)
+
+
+class _RandomBlocks:
+    """num_random_blocks random blocks per row, drawn from a generator seeded by (seed, head):
+    the same layout on every rank and in every run."""
+
+    num_random_blocks: int
+    attention: str
+    seed: int
+
+    def set_random_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + h)
+        causal = self.attention == "unidirectional"
+        _set_random(layout[h], self.num_random_blocks, causal, gen, "num_random_blocks")
+        return layout
 
 
 class DenseSparsityConfig(SparsityConfig):
@@ -205,15 +229,11 @@ class FixedSparsityConfig(SparsityConfig):
         )
         return layout
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            self.set_local_layout(h, layout)
-            self.set_global_layout(h, layout)
-        return self.check_and_propagate_first_head_layout(layout)
+    def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
+        return [self.set_local_layout, self.set_global_layout]
 
 
-class VariableSparsityConfig(SparsityConfig):
+class VariableSparsityConfig(_RandomBlocks, SparsityConfig):
     """Local windows of varying sizes (local_window_blocks: the first windows' sizes, the last
     repeated), global blocks at given indices (or [start, end) ranges), and num_random_blocks
     random blocks per row."""
@@ -250,12 +270,6 @@ class VariableSparsityConfig(SparsityConfig):
         self.horizontal_global_attention = horizontal_global_attention
         self.seed = seed
 
-    def set_random_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + h)
-        causal = self.attention == "unidirectional"
-        _set_random(layout[h], self.num_random_blocks, causal, gen, "num_random_blocks")
-        return layout
-
     def set_local_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
         windows = _windows(layout.shape[1], self.local_window_blocks)
         _set_windows(layout[h], windows, self.attention == "unidirectional")
@@ -271,16 +285,11 @@ class VariableSparsityConfig(SparsityConfig):
         )
         return layout
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            self.set_random_layout(h, layout)
-            self.set_local_layout(h, layout)
-            self.set_global_layout(h, layout)
-        return self.check_and_propagate_first_head_layout(layout)
+    def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
+        return [self.set_random_layout, self.set_local_layout, self.set_global_layout]
 
 
-class BigBirdSparsityConfig(SparsityConfig):
+class BigBirdSparsityConfig(_RandomBlocks, SparsityConfig):
     """BigBird: num_random_blocks random blocks per row, a sliding window of
     num_sliding_window_blocks blocks, and the first num_global_blocks blocks global in both
     directions (attending and attended)."""
@@ -311,12 +320,6 @@ class BigBirdSparsityConfig(SparsityConfig):
         self.attention = attention
         self.seed = seed
 
-    def set_random_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + h)
-        causal = self.attention == "unidirectional"
-        _set_random(layout[h], self.num_random_blocks, causal, gen, "num_random_blocks")
-        return layout
-
     def set_sliding_window_layout(self, h: int, layout: torch.Tensor) -> torch.Tensor:
         # BigBird's window is symmetric; a unidirectional layout is cut to the past below
         _set_sliding(layout[h], self.num_sliding_window_blocks, False, "num_sliding_window_blocks")
@@ -332,13 +335,8 @@ class BigBirdSparsityConfig(SparsityConfig):
             layout[h] = torch.tril(layout[h])
         return layout
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            self.set_random_layout(h, layout)
-            self.set_sliding_window_layout(h, layout)
-            self.set_global_layout_itc(h, layout)
-        return self.check_and_propagate_first_head_layout(layout)
+    def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
+        return [self.set_random_layout, self.set_sliding_window_layout, self.set_global_layout_itc]
 
 
 class BSLongformerSparsityConfig(SparsityConfig):
@@ -378,12 +376,8 @@ class BSLongformerSparsityConfig(SparsityConfig):
             layout[h] = torch.tril(layout[h])
         return layout
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            self.set_sliding_window_layout(h, layout)
-            self.set_global_layout(h, layout)
-        return self.check_and_propagate_first_head_layout(layout)
+    def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
+        return [self.set_sliding_window_layout, self.set_global_layout]
 
 
 class LocalSlidingWindowSparsityConfig(SparsityConfig):
@@ -407,8 +401,5 @@ class LocalSlidingWindowSparsityConfig(SparsityConfig):
         _set_sliding(layout[h], self.num_sliding_window_blocks, causal, "num_sliding_window_blocks")
         return layout
 
-    def make_layout(self, seq_len: int) -> torch.Tensor:
-        layout = self.setup_layout(seq_len)
-        for h in range(self.num_layout_heads):
-            self.set_sliding_window_layout(h, layout)
-        return self.check_and_propagate_first_head_layout(layout)
+    def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
+        return [self.set_sliding_window_layout]
