@@ -111,6 +111,7 @@ class DeepSpeedTransformerLayer(nn.Module):
         seed = config.seed if config.seed >= 0 else int(torch.randint(0, 2**62, ()).item())
         self._seed = seed + config.layer_id  # each layer its own masks
         self._offset = 0
+        self._grad_hooks: list[Any] = []
 
     def init_transformer_weights(self, adjust_init_range: bool = False) -> None:
         c = self.config
@@ -248,8 +249,7 @@ class DeepSpeedTransformerLayer(nn.Module):
         p_hid = c.hidden_dropout_ratio if train else 0.0
         off_attn, off_res1, off_res2 = self._next_offsets(b * heads * s * s, b * s * h, b * s * h)
         seed, eps, inv = self._seed, c.layer_norm_eps, c.normalize_invertible
-        if grads is not None:
-            self._collect_grads(grads)
+        self._collect_grads(grads)
 
         attn_in = (
             LayerNormFn.apply(x, self.norm_w, self.norm_b, eps, inv) if c.pre_layer_norm else x
@@ -278,18 +278,27 @@ class DeepSpeedTransformerLayer(nn.Module):
             out = LayerNormFn.apply(out, self.norm_w, self.norm_b, eps, inv)
         return (out,) if c.return_tuple else out
 
-    def _collect_grads(self, grads: list[Any]) -> None:
-        """Upstream's test hook: each parameter's gradient is appended to `grads` as
-        [tensor, name] when it is computed (q/k/v weights and biases split apart)."""
-        h = self.config.hidden_size
-        if not self.attn_qkvw.requires_grad:
+    def _collect_grads(self, grads: list[Any] | None) -> None:
+        """Upstream's test hook: with `grads` given, each parameter's gradient is appended to it
+        as [tensor, name] when computed (q/k/v weights and biases split apart). The hooks of an
+        earlier forward are removed first (upstream's pile up, one set per forward)."""
+        for handle in self._grad_hooks:
+            handle.remove()
+        self._grad_hooks = []
+        if grads is None or not self.attn_qkvw.requires_grad:
             return
+        h = self.config.hidden_size
+        hook = self._grad_hooks.append
         for i, tag in enumerate("QKV"):
-            self.attn_qkvw.register_hook(
-                lambda g, i=i, tag=tag: grads.append([g[i * h : (i + 1) * h], f"{tag}_W"])
+            hook(
+                self.attn_qkvw.register_hook(
+                    lambda g, i=i, tag=tag: grads.append([g[i * h : (i + 1) * h], f"{tag}_W"])
+                )
             )
-            self.attn_qkvb.register_hook(
-                lambda g, i=i, tag=tag: grads.append([g[i * h : (i + 1) * h], f"{tag}_B"])
+            hook(
+                self.attn_qkvb.register_hook(
+                    lambda g, i=i, tag=tag: grads.append([g[i * h : (i + 1) * h], f"{tag}_B"])
+                )
             )
         names = {
             "attn_ow": "O_W",
@@ -304,4 +313,4 @@ class DeepSpeedTransformerLayer(nn.Module):
             "norm_b": "norm_B",
         }
         for attr, tag in names.items():
-            getattr(self, attr).register_hook(lambda g, tag=tag: grads.append([g, tag]))
+            hook(getattr(self, attr).register_hook(lambda g, tag=tag: grads.append([g, tag])))

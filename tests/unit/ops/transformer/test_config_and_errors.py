@@ -96,3 +96,8 @@ def test_grads_hook_collects_upstreams_names():
     names = {n for _, n in grads}
     assert {"Q_W", "K_W", "V_W", "Q_B", "O_W", "N2_W", "int_W", "out_B", "norm_W"} <= names
     assert all(g.shape[0] == 16 for g, n in grads if n in ("Q_W", "K_B"))
+    assert len(grads) == 16  # 12 parameters, q/k/v weights and biases apart
+    again: list = []
+    layer(torch.randn(2, 4, 16), grads=again).sum().backward()
+    layer(torch.randn(2, 4, 16)).sum().backward()  # no grads list: no hooks left behind
+    assert len(again) == 16 and len(grads) == 16
