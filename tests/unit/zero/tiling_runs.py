@@ -26,7 +26,7 @@ def reference(steps: int, world: int) -> list[float]:
         loss.backward()
         opt.step()
         opt.zero_grad()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
