@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Everything in the project that needs a CUDA GPU, in one run (CI has none): the CUDA op
-# builds, every gpu-marked test, the GPU benchmarks and the main job on the GPU. Logs and
-# results go to $OUT (default /tmp/gpu-check). Assumes torch with CUDA is installed; pass
-# wheels for missing Python packages in .whl/ (installed offline into /tmp/site).
+# builds, every gpu-marked test, the GPU benchmarks and the main job on the GPU. One log
+# ($OUT/gpu_check.log, every step under its own header) and the benchmarks' JSON go to $OUT
+# (default /tmp/gpu-check): few files, as the device tool brings back at most 8. Assumes torch
+# with CUDA is installed; pass wheels for missing Python packages in .whl/ (installed offline
+# into /tmp/site).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-/tmp/gpu-check}"
@@ -15,14 +17,19 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
 export PATH="$PWD/bin:$PATH"
 status=0
-step() { # name, command...: runs one step, logs it to $OUT/<name>.log, remembers a failure
+LOG="$OUT/gpu_check.log"
+: >"$LOG"
+step() { # name, command...: runs one step into the log, prints its tail, remembers a failure
   local name=$1
   shift
-  local t0=$SECONDS
-  "$@" >"$OUT/$name.log" 2>&1
+  local t0=$SECONDS part
+  part=$(mktemp)
+  "$@" >"$part" 2>&1
   local rc=$?
+  { echo "===== $name: rc=$rc in $((SECONDS - t0)) s"; cat "$part"; } >>"$LOG"
   echo "== $name: rc=$rc in $((SECONDS - t0)) s"
-  tail -n 15 "$OUT/$name.log"
+  tail -n 15 "$part"
+  rm -f "$part"
   [ $rc -eq 0 ] || status=1
 }
 
@@ -30,18 +37,30 @@ step() { # name, command...: runs one step, logs it to $OUT/<name>.log, remember
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
   nvcc --version | tail -n 2
-} | tee "$OUT/device.txt"
+} | tee -a "$LOG"
 
 # The CUDA ops build side by side (the build lock keeps each op to one builder).
 build() {
   python3 -c "from deepspeed_ext.op_builder.all_ops import ALL_OPS; ALL_OPS['$1']().load(verbose=False); print('built $1')"
 }
-step builds bash -c "$(declare -f build); for op in fused_adam fused_lamb packbits_cuda transformer_cuda; do build \$op & done; wait"
+build_all() { # every CUDA op at once; fails when any build fails
+  local pids=() rc=0 op pid
+  for op in fused_adam fused_lamb packbits_cuda transformer_cuda; do
+    build "$op" &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do wait "$pid" || rc=1; done
+  return $rc
+}
+step builds build_all
 step ds_report ds_report
 # xdist (where installed) keeps a crashing test from taking the rest of the run with it
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
 step gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider --tb=short $workers
-[ -n "${SKIP_BENCH:-}" ] || step fused_adam_bench python3 bench/fused_adam.py --out "$OUT/fused_adam.json"
+if [ -z "${SKIP_BENCH:-}" ]; then
+  step fused_adam_bench python3 bench/fused_adam.py --out "$OUT/fused_adam.json"
+  step transformer_layer_bench env DS_BENCH_RESULTS="$OUT" python3 bench/transformer_layer.py
+fi
 step main_job timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --out /tmp/gpu-main
 step main_job_zero3_bf16 timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --zero-stage 3 --bf16 --out /tmp/gpu-main3
 exit $status
