@@ -9,6 +9,8 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from deepspeed_ext.utils import numa
+
 DEEPSPEED_ENVIRONMENT_NAME = ".deepspeed_env"
 # Read in this order, so a project's ./.deepspeed_env overrides the one in $HOME.
 DEEPSPEED_ENVIRONMENT_PATHS = [os.path.expanduser("~"), "."]
@@ -105,8 +107,4 @@ def threads_per_rank(local_size: int) -> int:
     Every rank's torch (and OpenMP, which spins while waiting) otherwise takes all cores:
     N ranks on C cores would run N*C threads and crawl.
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_size))
+    return max(1, len(numa.available_cores()) // max(1, local_size))

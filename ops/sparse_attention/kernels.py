@@ -11,6 +11,7 @@ import torch
 
 from deepspeed_ext.op_builder.sparse_attention import SparseAttnBuilder
 
+from ..masked_softmax import softmax_or_zeros
 from .lut import Lut
 
 _op: Any = None
@@ -112,8 +113,7 @@ class TorchPath:
             dense = dense + kp[:, None, None, :]
         if attn is not None:
             dense = dense + attn
-        dead = torch.isneginf(dense.amax(-1, keepdim=True))
-        probs = torch.softmax(dense.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+        probs = softmax_or_zeros(dense)
         return from_dense(probs, lut).to(x.dtype).reshape(b, lut.nnz, lut.block, lut.block)
 
     @staticmethod

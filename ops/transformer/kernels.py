@@ -16,6 +16,8 @@ from deepspeed_ext.op_builder.errors import OpBuildError
 from deepspeed_ext.op_builder.transformer import TransformerBuilder
 from deepspeed_ext.op_builder.transformer_cuda import TransformerCudaBuilder
 
+from ..masked_softmax import softmax_or_zeros
+
 _op: Any = None
 _cuda_op: Any = None  # False once the CUDA op failed to build
 
@@ -191,8 +193,7 @@ class TorchKernels:
         s = scores.float() * scale
         if mask is not None:
             s = s + mask[:, None]  # [b, 1|sq, sk] -> over heads
-        dead = torch.isneginf(s.amax(-1, keepdim=True))
-        probs = torch.softmax(s.masked_fill(dead, 0.0), -1).masked_fill(dead, 0.0)
+        probs = softmax_or_zeros(s)
         return probs.to(scores.dtype)
 
     @staticmethod
