@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cstdint>
 #include <tuple>
+#include <vector>
 
 #include "transformer/transformer.h"
 #include "transformer_checks.h"
+#include "transformer_layer.h"
 
 namespace {
 
@@ -136,6 +138,33 @@ at::Tensor softmax_bwd(const at::Tensor& dprobs, const at::Tensor& probs, double
   return ds_;
 }
 
+// The kernels the layer op composes ([Note: transformer layer op]).
+struct Kernels {
+  static constexpr at::DeviceType device = kDev;
+  static constexpr auto layer_norm_fwd = &::layer_norm_fwd;
+  static constexpr auto layer_norm_bwd = &::layer_norm_bwd;
+  static constexpr auto bias_gelu_fwd = &::bias_gelu_fwd;
+  static constexpr auto bias_gelu_bwd = &::bias_gelu_bwd;
+  static constexpr auto bias_dropout_residual = &::bias_dropout_residual;
+  static constexpr auto dropout = &::dropout;
+  static constexpr auto softmax_fwd = &::softmax_fwd;
+  static constexpr auto softmax_bwd = &::softmax_bwd;
+};
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> layer_fwd(const at::Tensor& x,
+                                                          const std::optional<at::Tensor>& mask,
+                                                          at::TensorList params, DS_LAYER_SCALARS,
+                                                          bool save) {
+  return layer_fwd_op<Kernels>("transformer.layer_fwd", x, mask, params, DS_LAYER_SCALAR_NAMES,
+                               save);
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> layer_bwd(const at::Tensor& dout,
+                                                          at::TensorList saved,
+                                                          at::TensorList params, DS_LAYER_SCALARS) {
+  return layer_bwd_op<Kernels>("transformer.layer_bwd", dout, saved, params, DS_LAYER_SCALAR_NAMES);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ds_transformer, m) {
@@ -155,4 +184,6 @@ TORCH_LIBRARY(ds_transformer, m) {
   m.def("dropout(Tensor x, float p, int seed, int offset) -> Tensor", &dropout);
   m.def("softmax_fwd(Tensor scores, Tensor? mask, float scale) -> Tensor", &softmax_fwd);
   m.def("softmax_bwd(Tensor dprobs, Tensor probs, float scale) -> Tensor", &softmax_bwd);
+  m.def(LAYER_FWD_SCHEMA, &layer_fwd);
+  m.def(LAYER_BWD_SCHEMA, &layer_bwd);
 }

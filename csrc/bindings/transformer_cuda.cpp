@@ -12,9 +12,11 @@
 #include <cstdint>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "transformer/transformer_cuda.h"
 #include "transformer_checks.h"
+#include "transformer_layer.h"
 
 namespace {
 
@@ -132,6 +134,36 @@ at::Tensor softmax_bwd(const at::Tensor& dprobs, const at::Tensor& probs, double
   return ds_;
 }
 
+// The kernels the layer op composes ([Note: transformer layer op]).
+struct Kernels {
+  static constexpr at::DeviceType device = kDev;
+  static constexpr auto layer_norm_fwd = &::layer_norm_fwd;
+  static constexpr auto layer_norm_bwd = &::layer_norm_bwd;
+  static constexpr auto bias_gelu_fwd = &::bias_gelu_fwd;
+  static constexpr auto bias_gelu_bwd = &::bias_gelu_bwd;
+  static constexpr auto bias_dropout_residual = &::bias_dropout_residual;
+  static constexpr auto dropout = &::dropout;
+  static constexpr auto softmax_fwd = &::softmax_fwd;
+  static constexpr auto softmax_bwd = &::softmax_bwd;
+};
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> layer_fwd(const at::Tensor& x,
+                                                          const std::optional<at::Tensor>& mask,
+                                                          at::TensorList params, DS_LAYER_SCALARS,
+                                                          bool save) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  return layer_fwd_op<Kernels>("transformer_cuda.layer_fwd", x, mask, params, DS_LAYER_SCALAR_NAMES,
+                               save);
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> layer_bwd(const at::Tensor& dout,
+                                                          at::TensorList saved,
+                                                          at::TensorList params, DS_LAYER_SCALARS) {
+  const c10::cuda::CUDAGuard guard(dout.device());
+  return layer_bwd_op<Kernels>("transformer_cuda.layer_bwd", dout, saved, params,
+                               DS_LAYER_SCALAR_NAMES);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(ds_transformer_cuda, m) {
@@ -149,6 +181,8 @@ TORCH_LIBRARY(ds_transformer_cuda, m) {
   m.def("dropout(Tensor x, float p, int seed, int offset) -> Tensor");
   m.def("softmax_fwd(Tensor scores, Tensor? mask, float scale) -> Tensor");
   m.def("softmax_bwd(Tensor dprobs, Tensor probs, float scale) -> Tensor");
+  m.def(LAYER_FWD_SCHEMA);
+  m.def(LAYER_BWD_SCHEMA);
 }
 
 TORCH_LIBRARY_IMPL(ds_transformer_cuda, CUDA, m) {
@@ -160,4 +194,21 @@ TORCH_LIBRARY_IMPL(ds_transformer_cuda, CUDA, m) {
   m.impl("dropout", &dropout);
   m.impl("softmax_fwd", &softmax_fwd);
   m.impl("softmax_bwd", &softmax_bwd);
+  m.impl("layer_fwd", &layer_fwd);
+  m.impl("layer_bwd", &layer_bwd);
+}
+
+// The same functions on CPU tensors: each one's input check rejects them first, naming the
+// tensor and its device, instead of the dispatcher's list of backends.
+TORCH_LIBRARY_IMPL(ds_transformer_cuda, CPU, m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd);
+  m.impl("layer_norm_bwd", &layer_norm_bwd);
+  m.impl("bias_gelu_fwd", &bias_gelu_fwd);
+  m.impl("bias_gelu_bwd", &bias_gelu_bwd);
+  m.impl("bias_dropout_residual", &bias_dropout_residual);
+  m.impl("dropout", &dropout);
+  m.impl("softmax_fwd", &softmax_fwd);
+  m.impl("softmax_bwd", &softmax_bwd);
+  m.impl("layer_fwd", &layer_fwd);
+  m.impl("layer_bwd", &layer_bwd);
 }

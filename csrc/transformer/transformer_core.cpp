@@ -127,7 +127,7 @@ void gelu_bwd(const T* dy, const T* x, const T* bias, T* dx, int64_t r0, int64_t
 template <class T>
 void bias_drop_res(const T* x, const T* bias, const T* res, T* out, float p, uint64_t seed,
                    uint64_t offset, int64_t r0, int64_t r1, int64_t n) {
-  const uint32_t thr = drop_threshold(p);
+  DropoutMask mask(seed, drop_threshold(p));
   const float scale = dropout_scale(p);
   std::vector<float> b(n);
   load_row(bias, b.data(), n);
@@ -135,7 +135,7 @@ void bias_drop_res(const T* x, const T* bias, const T* res, T* out, float p, uin
     const uint64_t base = offset + static_cast<uint64_t>(r * n);
     for (int64_t j = 0; j < n; ++j) {
       const float v = to_float(x[r * n + j]) + b[j];
-      const float kept = dropout_keep(seed, base + j, thr) ? v * scale : 0.f;
+      const float kept = mask.keep(base + j) ? v * scale : 0.f;
       from_float(to_float(res[r * n + j]) + kept, out + r * n + j);
     }
   }
@@ -144,10 +144,10 @@ void bias_drop_res(const T* x, const T* bias, const T* res, T* out, float p, uin
 template <class T>
 void drop_apply(const T* x, T* out, float p, uint64_t seed, uint64_t offset, int64_t e0,
                 int64_t e1) {
-  const uint32_t thr = drop_threshold(p);
+  DropoutMask mask(seed, drop_threshold(p));
   const float scale = dropout_scale(p);
   for (int64_t i = e0; i < e1; ++i) {
-    const bool keep = dropout_keep(seed, offset + static_cast<uint64_t>(i), thr);
+    const bool keep = mask.keep(offset + static_cast<uint64_t>(i));
     from_float(keep ? to_float(x[i]) * scale : 0.f, out + i);
   }
 }

@@ -14,7 +14,8 @@ from .kernels import kernels_for
 
 
 def _rows_sum(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(-1, x.shape[-1]).float().sum(0)
+    # accumulates in fp32 without an fp32 copy of x (as large as the activation)
+    return x.reshape(-1, x.shape[-1]).sum(0, dtype=torch.float32)
 
 
 class LayerNormFn(Function):
@@ -130,3 +131,25 @@ class SoftmaxFn(Function):
     def backward(ctx: Any, dprobs):
         (probs,) = ctx.saved_tensors
         return kernels_for(probs).softmax_bwd(dprobs, probs, ctx.scale), None, None
+
+
+class LayerFn(Function):
+    """The whole layer in one compiled op each way ([Note: transformer layer op] in
+    csrc/bindings/transformer_layer.h): `opts` are the op's scalars, heads .. attn_drop_ckpt;
+    the op returns the tensors its backward needs, which depend on the memory options."""
+
+    @staticmethod
+    def forward(ctx: Any, x, mask, opts: tuple, *params):
+        lib = kernels_for(x)._lib()
+        out, saved = lib.layer_fwd(x, mask, list(params), *opts, True)
+        ctx.opts, ctx.n_saved = opts, len(saved)
+        ctx.save_for_backward(*saved, *params)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dout):
+        t = ctx.saved_tensors
+        saved, params = t[: ctx.n_saved], t[ctx.n_saved :]
+        lib = kernels_for(dout)._lib()
+        dx, dparams = lib.layer_bwd(dout, list(saved), list(params), *ctx.opts)
+        return (dx, None, None, *dparams)

@@ -55,16 +55,20 @@ def drop_threshold(p: float) -> int:
     if p <= 0:
         return 0
     if p >= 1:
-        return 1 << 24
-    return int(p * 16777216.0 + 0.5)
+        return 1 << 16
+    return int(p * 65536.0 + 0.5)
 
 
 def dropout_keep_mask(
     numel: int, p: float, seed: int, offset: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
-    """The keep mask (bool, [numel]) of the dropout call (seed, offset)."""
+    """The keep mask (bool, [numel]) of the dropout call (seed, offset): element i's 16 bits
+    are bits 16 * (j % 4) of splitmix64's draw for group j // 4, j = offset + i."""
     index = torch.arange(offset, offset + numel, dtype=torch.int64, device=device)
-    bits = _shr(_mix64(_mix64(index) ^ _s64(seed)), 40)
+    key = int(_mix64(torch.tensor([seed], dtype=torch.int64))[0]) % (1 << 64)
+    group = (index >> 2) * _s64(_M64[0]) + _s64(key)
+    # a shift by <= 48 keeps 16 true bits above any sign extension; the mask drops the rest
+    bits = (_mix64(group) >> ((index & 3) * 16)) & 0xFFFF
     return bits >= drop_threshold(p)
 
 
@@ -132,6 +136,8 @@ class CPUKernels(_OpKernels):
 class CUDAKernels(_OpKernels):
     @staticmethod
     def _lib() -> Any:
+        if not _cuda_available():
+            raise RuntimeError("the transformer CUDA op could not be built (warned above)")
         return _cuda_op
 
 

@@ -32,8 +32,26 @@ from .functions import (
     BiasGeluLinearFn,
     DropoutFn,
     DropoutMatmulFn,
+    LayerFn,
     LayerNormFn,
     SoftmaxFn,
+)
+from .kernels import TorchKernels, kernels_for
+
+# upstream's parameters, in the order the layer op takes them ([Note: transformer layer op])
+PARAM_NAMES = (
+    "attn_qkvw",
+    "attn_qkvb",
+    "attn_ow",
+    "attn_ob",
+    "attn_nw",
+    "attn_nb",
+    "inter_w",
+    "inter_b",
+    "output_w",
+    "output_b",
+    "norm_w",
+    "norm_b",
 )
 
 
@@ -250,6 +268,18 @@ class DeepSpeedTransformerLayer(nn.Module):
         off_attn, off_res1, off_res2 = self._next_offsets(b * heads * s * s, b * s * h, b * s * h)
         seed, eps, inv = self._seed, c.layer_norm_eps, c.normalize_invertible
         self._collect_grads(grads)
+        kernels = kernels_for(x)
+        if kernels is not TorchKernels:  # the compiled op runs the whole layer
+            opts: tuple[Any, ...] = (heads, p_attn, p_hid, eps, seed, off_attn, off_res1)
+            opts += (off_res2, c.pre_layer_norm, inv, c.gelu_checkpoint, c.attn_dropout_checkpoint)
+            params = [getattr(self, n) for n in PARAM_NAMES]
+            if torch.is_grad_enabled() and (
+                x.requires_grad or any(p.requires_grad for p in params)
+            ):
+                out = LayerFn.apply(x, mask, opts, *params)
+            else:
+                out, _ = kernels._lib().layer_fwd(x, mask, params, *opts, False)
+            return (out,) if c.return_tuple else out
 
         attn_in = (
             LayerNormFn.apply(x, self.norm_w, self.norm_b, eps, inv) if c.pre_layer_norm else x

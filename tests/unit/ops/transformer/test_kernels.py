@@ -35,6 +35,19 @@ def test_dropout_mask_is_its_definition_and_keeps_one_minus_p():
     assert torch.equal(torch.cat([a, b]), op().dropout(x[:2000], 0.3, 9, 100))
 
 
+def test_dropout_masks_show_no_pattern():
+    """Four elements share one 64-bit draw ([Note: replayed dropout]): neighbours within a
+    draw, neighbouring draws and neighbouring seeds must still decide independently."""
+    n = 1 << 18
+    a = dropout_keep_mask(n, 0.5, 7, 0).float() * 2 - 1  # +-1, mean ~0
+    b = dropout_keep_mask(n, 0.5, 8, 0).float() * 2 - 1
+    bound = 4 / n**0.5  # 4 standard deviations of a mean of n independent +-1
+    for lag in (1, 2, 3, 4, 5, 8):
+        assert abs(float((a[:-lag] * a[lag:]).mean())) < bound, lag
+    assert abs(float((a * b).mean())) < bound
+    assert abs(float(a.mean())) < bound
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("invertible", [False, True])
 def test_layer_norm_forward_and_backward(dtype, invertible):
@@ -143,3 +156,28 @@ def test_the_binding_checks_its_inputs():
         op().layer_norm_bwd(
             x, x, False, torch.ones(8), torch.zeros(8), torch.zeros(3), torch.ones(4)
         )
+
+
+def test_the_layer_op_checks_its_inputs():
+    h, inter = 8, 32
+    shapes = [(3 * h, h), (3 * h,), (h, h), (h,), (h,), (h,), (inter, h), (inter,), (h, inter)]
+    params = [torch.randn(s) for s in shapes + [(h,), (h,), (h,)]]
+    x = torch.randn(2, 3, h)
+    opts = (2, 0.1, 0.1, 1e-5, 0, 0, 100, 200, True, False, False, False)
+    out, saved = op().layer_fwd(x, None, params, *opts, True)
+    assert out.shape == x.shape and saved
+    with pytest.raises(RuntimeError, match=r"inter_b has shape \[31\]; expected \[32\]"):
+        op().layer_fwd(x, None, params[:7] + [torch.randn(31)] + params[8:], *opts, False)
+    with pytest.raises(RuntimeError, match="expected 12 parameters, got 11"):
+        op().layer_fwd(x, None, params[:11], *opts, False)
+    with pytest.raises(RuntimeError, match="hidden size 8 is not divisible by heads 3"):
+        op().layer_fwd(x, None, params, 3, *opts[1:], False)
+    with pytest.raises(RuntimeError, match="attn_ow has dtype"):
+        op().layer_fwd(x, None, params[:2] + [params[2].double()] + params[3:], *opts, False)
+    with pytest.raises(RuntimeError, match="dropout p must be in"):
+        op().layer_fwd(x, None, params, 2, 1.5, *opts[2:], False)
+    # backward with saved tensors of other options (gelu_checkpoint keeps one fewer)
+    with pytest.raises(RuntimeError, match="saved tensors; these options keep"):
+        op().layer_bwd(out, saved, params, *opts[:10], True, False)
+    dx, grads = op().layer_bwd(torch.ones_like(out), saved, params, *opts)
+    assert dx.shape == x.shape and [g.shape for g in grads] == [p.shape for p in params]

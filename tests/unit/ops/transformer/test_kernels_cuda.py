@@ -32,14 +32,16 @@ def both(name, *args):
     return [pair(cpu, gpu)]
 
 
+# 96 columns take the 16-byte pack path, 99 the element path
+@pytest.mark.parametrize("width", [96, 99])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_every_kernel_matches_the_cpu(dtype):
+def test_every_kernel_matches_the_cpu(dtype, width):
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(37, 96, generator=g) * 2 + 1).to(dtype)
-    res, dy = (torch.randn(37, 96, generator=g).to(dtype) for _ in range(2))
+    x = (torch.randn(37, width, generator=g) * 2 + 1).to(dtype)
+    res, dy = (torch.randn(37, width, generator=g).to(dtype) for _ in range(2))
     gamma, beta = (
-        (torch.rand(96, generator=g) + 0.5).to(dtype),
-        torch.randn(96, generator=g).to(dtype),
+        (torch.rand(width, generator=g) + 0.5).to(dtype),
+        torch.randn(width, generator=g).to(dtype),
     )
     assert kernels_for(x.cuda()) is CUDAKernels
     checks = [
@@ -56,20 +58,31 @@ def test_every_kernel_matches_the_cpu(dtype):
             torch.testing.assert_close(
                 b, a, **dict(tol(dtype), atol=5e-2 if dtype != torch.float32 else 1e-4)
             )
-    scores = torch.randn(2, 3, 5, 7, generator=g).to(dtype)
-    for mask in (None, torch.randn(2, 1, 7, generator=g), torch.randn(2, 5, 7, generator=g)):
-        ((a, b),) = both("softmax_fwd", scores, mask, 0.7)
+    # keys: one warp's register row (7, 200), the largest (1024), a block per row (1500)
+    for sk in (7, 200, 1024, 1500):
+        scores = torch.randn(2, 3, 5, sk, generator=g).to(dtype)
+        masks = (None, torch.randn(2, 1, sk, generator=g), torch.randn(2, 5, sk, generator=g))
+        for mask in masks:
+            ((a, b),) = both("softmax_fwd", scores, mask, 0.7)
+            torch.testing.assert_close(b, a, **tol(dtype))
+        dead = torch.zeros(2, 5, sk)
+        dead[1, 2] = -float("inf")  # a row with every key masked attends to nothing
+        ((a, b),) = both("softmax_fwd", scores, dead, 0.7)
+        assert not b[1, :, 2].any() and not b.isnan().any()
+        probs = CPUKernels.softmax_fwd(scores, None, 0.7)
+        ((a, b),) = both("softmax_bwd", scores, probs, 0.7)
         torch.testing.assert_close(b, a, **tol(dtype))
-    ((a, b),) = both("softmax_bwd", scores, CPUKernels.softmax_fwd(scores, None, 0.7), 0.7)
-    torch.testing.assert_close(b, a, **tol(dtype))
 
 
+@pytest.mark.parametrize("width", [1000, 999])  # packs, and elements one by one
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_dropout_masks_are_the_cpus_bit_for_bit(dtype):
-    x = torch.randn(4, 1000).to(dtype) + 3  # no zeros of its own
+def test_dropout_masks_are_the_cpus_bit_for_bit(dtype, width):
+    x = torch.randn(4, width).to(dtype) + 3  # no zeros of its own
+    zeros = torch.zeros(width).to(dtype)
     for name, args in (
         ("dropout", (x, 0.3, 1234, 77)),
-        ("bias_dropout_residual", (x, torch.zeros(1000).to(dtype), torch.zeros_like(x), 0.3, 9, 5)),
+        ("dropout", (x, 0.5, 2**61 + 3, 2**40 + 1)),
+        ("bias_dropout_residual", (x, zeros, torch.zeros_like(x), 0.3, 9, 5)),
     ):
         ((a, b),) = both(name, *args)
         assert torch.equal(a != 0, b != 0), name

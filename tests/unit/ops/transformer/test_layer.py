@@ -1,17 +1,35 @@
 """DeepSpeedTransformerLayer against a plain-torch BERT layer with the same weights: forward,
 the input gradient and every parameter gradient, pre-LN and post-LN, with masks, with dropout
-(masks replayed), with the memory options, in fp32 and 16-bit."""
+(masks replayed), with the memory options, in fp32 and 16-bit. Every test runs both ways the
+layer computes: the compiled layer op (CPU and CUDA tensors) and the autograd functions over
+torch ops (the fallback where no op builds)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from deepspeed_ext.ops.transformer import DeepSpeedTransformerConfig, DeepSpeedTransformerLayer
+from deepspeed_ext.ops.transformer import (
+    DeepSpeedTransformerConfig,
+    DeepSpeedTransformerLayer,
+    functions,
+    kernels,
+    layer,
+)
 
 from .reference import NAMES, bert_layer, next_masks, params_of
 
 B, S, H, HEADS = 2, 12, 32, 4
+
+
+@pytest.fixture(autouse=True, params=["layer_op", "torch_ops"])
+def path(request, monkeypatch):
+    """Which way the layer computes: the compiled op, or the torch-op fallback."""
+    if request.param == "torch_ops":
+        torch_only = lambda t: kernels.TorchKernels  # noqa: E731
+        monkeypatch.setattr(layer, "kernels_for", torch_only)
+        monkeypatch.setattr(functions, "kernels_for", torch_only)
+    return request.param
 
 
 def make_layer(pre_ln=True, p_attn=0.0, p_hid=0.0, dtype=torch.float32, **kw):
