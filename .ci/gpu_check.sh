@@ -59,7 +59,9 @@ workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
 step gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider --tb=short $workers
 if [ -z "${SKIP_BENCH:-}" ]; then
   step fused_adam_bench python3 bench/fused_adam.py --out "$OUT/fused_adam.json"
-  step transformer_layer_bench env DS_BENCH_RESULTS="$OUT" python3 bench/transformer_layer.py
+  step transformer_layer_bench python3 bench/transformer_layer.py --out "$OUT/transformer_layer_bert_base.json"
+  step transformer_layer_bench_large python3 bench/transformer_layer.py --hidden 1024 --heads 16 \
+    --batch 64 --out "$OUT/transformer_layer_bert_large.json"
 fi
 step main_job timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --out /tmp/gpu-main
 step main_job_zero3_bf16 timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --zero-stage 3 --bf16 --out /tmp/gpu-main3
