@@ -96,6 +96,26 @@ def _tensor_parallel(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return out
 
 
+def _sparse_attention(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """[Note: sparse attention from the config]: every key set must shape the layout."""
+    sa = cfg.sparse_attention
+    if sa is None:
+        return []
+    from .sections.sparse_attention import MODE_KEYS
+
+    out = [
+        f"sparse_attention.{key}: mode '{sa.mode}' does not use it (its keys: "
+        f"{', '.join(MODE_KEYS[sa.mode])}); remove it, or pick the mode it belongs to"
+        for key in sa.unused_keys()
+    ]
+    if cfg.tensor_parallel.autotp_size > 1:
+        out.append(
+            "sparse_attention with tensor_parallel.autotp_size > 1: the layout covers every "
+            "head, and tensor slicing splits the heads across ranks; remove one of them"
+        )
+    return out
+
+
 def _refused(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return support.refused(cfg)  # [Note: config honesty]
 
@@ -228,6 +248,7 @@ CHECKS: tuple[Check, ...] = (
     _onebit,
     _gradient_compression,
     _communication,
+    _sparse_attention,
 )
 
 

@@ -58,11 +58,6 @@ REFUSED: dict[str, Rule] = {
     "nebula": Rule(f"Nebula checkpointing {_UNBUILT}"),
     "progressive_layer_drop": Rule(f"progressive layer drop {_UNBUILT}"),
     "quantize_training": Rule(f"quantization-aware training {_UNBUILT}"),
-    "sparse_attention": Rule(
-        "building sparse attention from the config is not built yet; make the layout in code "
-        "(deepspeed.ops.sparse_attention.FixedSparsityConfig and the others, "
-        "SparseSelfAttention)"
-    ),
     "tensor_parallel.vocab_parallel_lm_head": Rule(
         f"a vocabulary-parallel lm_head {_UNBUILT}; lm_head stays whole", allowed=(False,)
     ),

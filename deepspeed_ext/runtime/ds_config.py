@@ -44,6 +44,9 @@ class DeepSpeedConfig:
         self.optimizer_params = dict(t.optimizer.params or {})
         self.scheduler_name = t.scheduler.type
         self.scheduler_params = dict(t.scheduler.params or {})
+        # upstream's parsed section: {"mode": ..., "block": ..., ...} or None
+        sa = t.sparse_attention
+        self.sparse_attention = sa.layout_args() if sa is not None else None
         self._param_dict = t.raw  # upstream keeps the user's dict under this name
 
     def print(self, name: str) -> None:

@@ -33,7 +33,7 @@ from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
-from . import config_effects, tensor_parallel
+from . import config_effects, sparse_attention, tensor_parallel
 from .activation_checkpointing import settings as activation_checkpointing
 from .dataloader import DeepSpeedDataLoader, batch_tokens
 from .engine_surface import EngineSurface
@@ -88,6 +88,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         config.check_resolved()
         config_effects.at_start(config)
         activation_checkpointing.configure_for_engine(config, mpu)
+
+        sparse_attention.apply(model, config)  # [Note: sparse attention from the config]
 
         acc = get_accelerator()
         self.device = acc.device(acc.current_device())  # the CPU accelerator: plain "cpu"

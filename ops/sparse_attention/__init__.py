@@ -15,6 +15,7 @@ from .sparsity_config import (
     LocalSlidingWindowSparsityConfig,
     SparsityConfig,
     VariableSparsityConfig,
+    sparsity_config_from_dict,
 )
 
 __all__ = [
@@ -30,4 +31,5 @@ __all__ = [
     "LocalSlidingWindowSparsityConfig",
     "SparsityConfig",
     "VariableSparsityConfig",
+    "sparsity_config_from_dict",
 ]

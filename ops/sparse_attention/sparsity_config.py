@@ -14,6 +14,7 @@ unidirectional layout never attends to a later block: random blocks included.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -403,3 +404,36 @@ class LocalSlidingWindowSparsityConfig(SparsityConfig):
 
     def layout_steps(self) -> list[Callable[[int, torch.Tensor], torch.Tensor]]:
         return [self.set_sliding_window_layout]
+
+
+_MODES: dict[str, type[SparsityConfig]] = {
+    "dense": DenseSparsityConfig,
+    "fixed": FixedSparsityConfig,
+    "variable": VariableSparsityConfig,
+    "bigbird": BigBirdSparsityConfig,
+    "bslongformer": BSLongformerSparsityConfig,
+}
+
+
+def sparsity_config_from_dict(args: dict[str, Any], num_heads: int) -> SparsityConfig:
+    """The layout a `sparse_attention` config section describes ({"mode": "fixed", "block":
+    16, ...}, as `DeepSpeedConfig.sparse_attention` gives it), for num_heads heads. Keys other
+    than the mode are the class's arguments."""
+    args = dict(args)
+    mode = args.pop("mode", "fixed")
+    if mode not in _MODES:
+        raise ValueError(f"sparse_attention mode {mode!r}: expected one of {sorted(_MODES)}")
+    cls = _MODES[mode]
+    try:
+        return cls(num_heads=num_heads, **args)
+    except TypeError as e:  # a key the class does not take
+        raise ValueError(f"sparse_attention mode {mode!r}: {e}") from None
+
+
+def same_layout(a: SparsityConfig, b: SparsityConfig) -> bool:
+    """Whether two configs build the same layouts (same class and arguments)."""
+
+    def norm(c: SparsityConfig) -> dict[str, Any]:
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in vars(c).items()}
+
+    return type(a) is type(b) and norm(a) == norm(b)

@@ -11,6 +11,7 @@ from deepspeed_ext.ops.sparse_attention import (
     SparseSelfAttention,
     SparsityConfig,
     VariableSparsityConfig,
+    sparsity_config_from_dict,
 )
 
 from . import sparsity_config
@@ -28,5 +29,6 @@ __all__ = [
     "SparseSelfAttention",
     "SparsityConfig",
     "VariableSparsityConfig",
+    "sparsity_config_from_dict",
     "sparsity_config",
 ]

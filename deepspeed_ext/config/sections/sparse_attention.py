@@ -1,11 +1,55 @@
 """`sparse_attention` (legacy; removed upstream in 0.19): block-sparse self-attention layouts.
-Present in the config means on."""
+Present in the config means on: the engine makes the model's self-attention sparse with this
+layout ([Note: sparse attention from the config] in deepspeed_ext/runtime/sparse_attention.py).
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from ..types import Bool, Int, Section
+
+# The keys each mode's layout uses (upstream's per-mode readers; the bigbird and bslongformer
+# layouts also take `attention`, which upstream's reader leaves at its default). A key set
+# for a mode that does not use it is refused by name.
+MODE_KEYS: dict[str, tuple[str, ...]] = {
+    "dense": ("block",),
+    "fixed": (
+        "block",
+        "different_layout_per_head",
+        "num_local_blocks",
+        "num_global_blocks",
+        "attention",
+        "horizontal_global_attention",
+        "num_different_global_patterns",
+    ),
+    "variable": (
+        "block",
+        "different_layout_per_head",
+        "num_random_blocks",
+        "local_window_blocks",
+        "global_block_indices",
+        "global_block_end_indices",
+        "attention",
+        "horizontal_global_attention",
+    ),
+    "bigbird": (
+        "block",
+        "different_layout_per_head",
+        "num_random_blocks",
+        "num_sliding_window_blocks",
+        "num_global_blocks",
+        "attention",
+    ),
+    "bslongformer": (
+        "block",
+        "different_layout_per_head",
+        "num_sliding_window_blocks",
+        "global_block_indices",
+        "global_block_end_indices",
+        "attention",
+    ),
+}
 
 
 class SparseAttentionConfig(Section):
@@ -25,3 +69,17 @@ class SparseAttentionConfig(Section):
 
     def active(self) -> bool:
         return True
+
+    def unused_keys(self) -> list[str]:
+        """Keys the user set that this mode's layout does not use."""
+        used = set(MODE_KEYS[self.mode]) | {"mode"}
+        return sorted(k for k in self.model_fields_set if k not in used)
+
+    def layout_args(self) -> dict[str, Any]:
+        """The mode and its layout's arguments, as upstream's config object gives them
+        (`DeepSpeedConfig.sparse_attention`): {"mode": ..., "block": ..., ...}."""
+        args: dict[str, Any] = {"mode": self.mode}
+        for key in MODE_KEYS[self.mode]:
+            value = getattr(self, key)
+            args[key] = list(value) if isinstance(value, tuple) else value
+        return args

@@ -20,7 +20,7 @@ from torch import nn
 from tests.unit.runtime.models import batch, mlp
 
 READS: set[tuple[str, str]] = set()
-RUNTIME_QUERIES = {"resolve_batch"}
+RUNTIME_QUERIES = {"resolve_batch", "layout_args"}
 
 
 def install_recorder() -> None:
@@ -216,6 +216,29 @@ def _pipeline(d: str) -> None:
     engine.destroy()
 
 
+def _sparse_attention() -> None:
+    """Three layouts that between them use every key of the section, on models whose
+    SparseSelfAttention modules the engine checks against it."""
+    from deepspeed_ext.ops.sparse_attention import SparseSelfAttention, sparsity_config_from_dict
+    from deepspeed_ext.runtime.initialize import initialize
+
+    sections = [
+        {"mode": "fixed", "block": 8, "different_layout_per_head": True, "num_local_blocks": 4}
+        | {"num_global_blocks": 2, "attention": "unidirectional"}
+        | {"horizontal_global_attention": False, "num_different_global_patterns": 2},
+        {"mode": "variable", "num_random_blocks": 1, "local_window_blocks": [2]}
+        | {"global_block_indices": [0], "global_block_end_indices": [1]},
+        {"mode": "bigbird", "num_sliding_window_blocks": 1, "num_random_blocks": 1},
+    ]
+    for section in sections:
+        model = nn.Sequential(nn.Linear(4, 4))
+        layout = sparsity_config_from_dict(section, num_heads=2)
+        model.add_module("attn", SparseSelfAttention(layout, max_seq_length=64))
+        config = {"train_micro_batch_size_per_gpu": 2, "sparse_attention": section}
+        engine, *_ = initialize(model=model, config=config, optimizer=lambda g: torch.optim.SGD(g))
+        engine.destroy()
+
+
 def exercise() -> list[tuple[str, str]]:
     """Every scenario: initialize, train, save and load; the fields the runtime read."""
     from deepspeed_ext.runtime.initialize import initialize
@@ -249,4 +272,5 @@ def exercise() -> list[tuple[str, str]]:
             engine.destroy()
     with tempfile.TemporaryDirectory() as d:
         _pipeline(d)
+    _sparse_attention()
     return sorted(READS)

@@ -189,7 +189,6 @@ def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
                 "train_batch_size": 8,
                 "comet": {"enabled": False},
                 "amp": {"enabled": True, "opt_level": "O1"},
-                "sparse_attention": {"mode": "fixed", "block": 16},
                 "elasticity": {"enabled": False, "max_train_batch_size": 2000},
                 "tensor_parallel": {"autotp_size": 2},  # runs (tests/unit/tp)
                 "compression_training": {
@@ -226,7 +225,6 @@ def test_sections_deepspeed_ext_does_not_run_are_refused_by_name_when_on():
         "amp",
         "compression_training",
         "data_efficiency",
-        "sparse_attention",
         "zero_optimization.zenflow",
     ]
     parse({"comet": {"enabled": False}, "elasticity": {"enabled": False}})  # off: accepted
