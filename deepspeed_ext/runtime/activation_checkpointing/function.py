@@ -186,6 +186,27 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     return _rebuild(box[0], tensors)
 
 
+class _Recompute:
+    """The recompute context: the tracker's streams as at the forward. Re-enterable, because
+    torch enters the one object at every recompute, and a split backward (zb-h1: input
+    gradients first, weight gradients later) recomputes twice."""
+
+    def __init__(self, saved: dict[str, Any]) -> None:
+        self.saved = saved
+        self.open: list[contextlib.ExitStack] = []
+
+    def __enter__(self) -> None:
+        stack = contextlib.ExitStack()
+        tracker = rng.get_cuda_rng_tracker()
+        stack.callback(tracker.set_states, tracker.get_states())
+        tracker.set_states(dict(self.saved["tracked"]))
+        stack.enter_context(_phase("recompute"))
+        self.open.append(stack)
+
+    def __exit__(self, *exc: Any) -> bool:
+        return bool(self.open.pop().__exit__(*exc))
+
+
 def _tracker_contexts() -> tuple[Any, Any]:
     saved: dict[str, Any] = {}
 
@@ -195,18 +216,7 @@ def _tracker_contexts() -> tuple[Any, Any]:
         with _phase("forward"):
             yield
 
-    @contextlib.contextmanager
-    def recompute() -> Iterator[None]:
-        tracker = rng.get_cuda_rng_tracker()
-        now = tracker.get_states()
-        tracker.set_states(dict(saved["tracked"]))
-        try:
-            with _phase("recompute"):
-                yield
-        finally:
-            tracker.set_states(now)
-
-    return forward(), recompute()
+    return forward(), _Recompute(saved)
 
 
 def non_reentrant_checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

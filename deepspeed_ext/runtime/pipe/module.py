@@ -27,18 +27,20 @@ from .tied import TiedWeights
 
 
 def _reentrant_free_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
-    """The default activation_checkpoint_func: recompute the chunk in backward."""
-    from torch.utils.checkpoint import checkpoint
+    """The default activation_checkpoint_func: deepspeed.checkpointing's non-reentrant
+    checkpoint, so the activation_checkpointing section (cpu_checkpointing, profile, the RNG
+    tracker) applies, and the zb-h1 schedule can split the recompute's backward."""
+    from ..activation_checkpointing.function import non_reentrant_checkpoint
 
-    return checkpoint(function, *args, use_reentrant=False)
+    return non_reentrant_checkpoint(function, *args)
 
 
 def _reentrant_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
-    """pipeline.use_reentrant true: torch's reentrant checkpoint (upstream's default; it
-    cannot be split by the zb-h1 schedule, and the chunk's input must require grad)."""
-    from torch.utils.checkpoint import checkpoint
+    """pipeline.use_reentrant true: deepspeed.checkpointing.checkpoint, upstream's default
+    (partition_activations splits its inputs; zb-h1 cannot split it, so it runs whole)."""
+    from ..activation_checkpointing.function import checkpoint
 
-    return checkpoint(function, *args, use_reentrant=True)
+    return checkpoint(function, *args)
 
 
 DEFAULT_CHECKPOINTS = {False: _reentrant_free_checkpoint, True: _reentrant_checkpoint}

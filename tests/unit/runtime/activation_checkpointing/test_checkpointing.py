@@ -104,6 +104,28 @@ def test_rng_tracker_streams_replay_inside_a_recompute(mode):
             pass
 
 
+def test_a_split_backward_recomputes_twice_with_the_same_masks():
+    """zb-h1 takes input gradients first and weight gradients later: torch enters the
+    non-reentrant checkpoint's recompute context once for each."""
+    ckpt.model_parallel_cuda_manual_seed(5)
+    lin = torch.nn.Linear(8, 8)
+
+    def f(x):
+        with ckpt.get_cuda_rng_tracker().fork():
+            return torch.nn.functional.dropout(lin(x), 0.5)
+
+    x = torch.randn(4, 8, requires_grad=True)
+    states = ckpt.get_cuda_rng_tracker().get_states()
+    f(x).sum().backward()
+    ref_x, ref_w = x.grad.clone(), lin.weight.grad.clone()
+    x.grad = lin.weight.grad = lin.bias.grad = None
+    ckpt.get_cuda_rng_tracker().set_states(states)
+    out = ckpt.non_reentrant_checkpoint(f, x).sum()
+    (gx,) = torch.autograd.grad(out, [x], retain_graph=True)  # the input-gradient pass
+    torch.autograd.backward(out, inputs=[lin.weight])  # the weight pass, later
+    assert torch.equal(gx, ref_x) and torch.equal(lin.weight.grad, ref_w)
+
+
 def test_configure_from_a_config_and_arguments():
     assert deepspeed.checkpointing.is_configured()
     ckpt.configure(None, deepspeed_config={"activation_checkpointing": {"cpu_checkpointing": True}})
