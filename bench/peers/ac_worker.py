@@ -77,6 +77,17 @@ def _variants(impl: str) -> dict[str, Callable[[Any, list, Any], Any]]:
 
         return run
 
+    def first_of(k: int, m: int, ckpt: Callable[..., Any]) -> Callable[[Any, Any], Any]:
+        """Of every m blocks, checkpoint the first k and keep the rest's activations
+        (Megatron's block method): less recompute, less memory cut."""
+
+        def run(blocks: Any, x: Any) -> Any:
+            for i, b in enumerate(blocks):
+                x = ckpt(b, x) if i % m < k else b(x)
+            return x
+
+        return run
+
     out: dict[str, Any] = {"none": plain}
     if impl == "ours":
         from torch.utils.checkpoint import checkpoint as tc
@@ -90,6 +101,10 @@ def _variants(impl: str) -> dict[str, Callable[[Any, list, Any], Any]]:
         out["torch full"] = every(1, lambda f, x: tc(f, x, use_reentrant=False))
         out["torch every-2"] = every(2, lambda f, x: tc(f, x, use_reentrant=False))
         out["torch reentrant"] = every(1, lambda f, x: tc(f, x, use_reentrant=True))
+        out["ours 3-of-4"] = first_of(3, 4, ds.checkpoint)
+        out["ours 3-of-4 non-reentrant"] = first_of(3, 4, ds.non_reentrant_checkpoint)
+        out["torch 3-of-4"] = first_of(3, 4, lambda f, x: tc(f, x, use_reentrant=False))
+        out["torch 3-of-4 reentrant"] = first_of(3, 4, lambda f, x: tc(f, x, use_reentrant=True))
     else:
         import deepspeed
 
@@ -97,6 +112,7 @@ def _variants(impl: str) -> dict[str, Callable[[Any, list, Any], Any]]:
         out["upstream full"] = every(1, ds.checkpoint)
         out["upstream every-2"] = every(2, ds.checkpoint)
         out["upstream non-reentrant"] = every(1, ds.non_reentrant_checkpoint)
+        out["upstream 3-of-4"] = first_of(3, 4, ds.checkpoint)
     return out
 
 
