@@ -15,18 +15,24 @@ from __future__ import annotations
 import time
 from typing import Any
 
-_blocked = 0.0
+_total = 0.0  # seconds blocked since the process started
+_taken = 0.0  # _total at take()'s last call
 
 
 def add(seconds: float) -> None:
-    global _blocked
-    _blocked += seconds
+    global _total
+    _total += seconds
+
+
+def total() -> float:
+    """Seconds blocked in communication so far (readers keep their own marks)."""
+    return _total
 
 
 def take() -> float:
     """Seconds blocked in communication since the last call."""
-    global _blocked
-    out, _blocked = _blocked, 0.0
+    global _taken
+    out, _taken = _total - _taken, _total
     return out
 
 

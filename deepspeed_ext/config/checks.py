@@ -186,6 +186,16 @@ def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return out
 
 
+def _slow_nodes(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    c = cfg.communication
+    if c.slow_node_tolerance is None and c.slow_node_interval is not None:
+        return [
+            "communication.slow_node_interval applies with communication.slow_node_tolerance; "
+            "set the tolerance (e.g. 0.25) or remove the interval"
+        ]
+    return []
+
+
 def _communication(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     """The hierarchical all-reduce replaces the stage-0 gradient buckets' all-reduce."""
     if cfg.communication.topology != "hierarchical":
@@ -248,6 +258,7 @@ CHECKS: tuple[Check, ...] = (
     _onebit,
     _gradient_compression,
     _communication,
+    _slow_nodes,
     _sparse_attention,
 )
 

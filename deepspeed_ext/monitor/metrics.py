@@ -129,11 +129,13 @@ class StepMetrics:
 
 def _column(key: str, value: float) -> str:
     """`forward_ms` -> `forward 12.3 ms`; `comm_mb` -> `comm 4.0 MB`; `compression_x` ->
-    `compression 32.0x`."""
+    `compression 32.00x`; `slow_ranks_n` -> `slow ranks 1`."""
     name, _, unit = key.rpartition("_")
     label = name.replace("_", " ")
     if unit == "mb":
         return f"{label} {value:.3g} MB"
     if unit == "x":
-        return f"{label} {value:.1f}x"
+        return f"{label} {value:.2f}x"
+    if unit == "n":
+        return f"{label} {value:.0f}"
     return f"{label} {value:.1f} ms"

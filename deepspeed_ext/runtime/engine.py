@@ -33,7 +33,7 @@ from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
-from . import config_effects, sparse_attention, tensor_parallel
+from . import config_effects, slow_nodes, sparse_attention, tensor_parallel
 from .activation_checkpointing import settings as activation_checkpointing
 from .dataloader import DeepSpeedDataLoader, batch_tokens
 from .engine_surface import EngineSurface
@@ -159,6 +159,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
             MemoryBreakdown(bool(config.memory_breakdown), acc),
             watchers=[self.flops_profile],
         )
+        self.slow_nodes = slow_nodes.from_config(config)  # [Note: slow nodes]
         self.metrics = StepMetrics(
             config.steps_per_print,
             writers_from_config(config) if self.rank == 0 else [],
@@ -171,6 +172,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 activation_checkpointing.take_profile_ms,
                 comm.comms_logger.take_window,
                 *compression_windows(self.optimizer, grad_exchange),
+                *([self.slow_nodes.take_window] if self.slow_nodes else []),
             ],
             rank_times=rank_times_from_config(config, self.rank, comm.waits.take),
         )
@@ -298,6 +300,8 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         if boundary:
             with self.timers.phase("step"):
                 self._model_step(lr_kwargs or {})
+            if self.slow_nodes is not None:
+                self.slow_nodes.on_step(self.global_steps)
             self.metrics.on_step(
                 self.global_steps,
                 self.global_samples,

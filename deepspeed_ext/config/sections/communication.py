@@ -1,6 +1,6 @@
 """`communication` (a section DeepSpeed's guides print without defining it; defined here and
-in the README's "hierarchical all-reduce" row): how the data-parallel gradient all-reduce
-crosses nodes."""
+in the README's "hierarchical all-reduce" and "slow nodes" rows): how the data-parallel
+gradient all-reduce crosses nodes, and how slow ranks are found."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..types import Int, Section
+from ..types import Float, Int, Section
 
 
 class CommunicationConfig(Section):
@@ -18,6 +18,12 @@ class CommunicationConfig(Section):
     # ranks on each node (consecutive global ranks); default: the launcher's
     # LOCAL_WORLD_SIZE
     ranks_per_node: Int | None = Field(default=None, ge=1)
+    # [Note: slow nodes]: every slow_node_interval optimizer steps (None: 50) every rank's
+    # compute time over those steps is gathered; a rank above the median by more than this
+    # fraction (0.25: 25% slower) is named, with its host, in the log and the metrics.
+    # None: off.
+    slow_node_tolerance: Float | None = Field(default=None, gt=0)
+    slow_node_interval: Int | None = Field(default=None, ge=1)
 
     def active(self) -> bool:
-        return self.topology != "flat"
+        return self.topology != "flat" or self.slow_node_tolerance is not None

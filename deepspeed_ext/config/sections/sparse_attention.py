@@ -71,9 +71,15 @@ class SparseAttentionConfig(Section):
         return True
 
     def unused_keys(self) -> list[str]:
-        """Keys the user set that this mode's layout does not use."""
+        """Keys set, away from their defaults, that this mode's layout does not use (a
+        default written out, as to_dict() does, changes nothing)."""
         used = set(MODE_KEYS[self.mode]) | {"mode"}
-        return sorted(k for k in self.model_fields_set if k not in used)
+        fields = type(self).model_fields
+        return sorted(
+            k
+            for k in self.model_fields_set
+            if k not in used and getattr(self, k) != fields[k].get_default()
+        )
 
     def layout_args(self) -> dict[str, Any]:
         """The mode and its layout's arguments, as upstream's config object gives them

@@ -501,6 +501,8 @@ class PipelineEngine(DeepSpeedEngine):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
         self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)
         self.metrics.add_loss(self.total_loss)
+        if self.slow_nodes is not None:
+            self.slow_nodes.on_step(self.global_steps)
         self.metrics.on_step(
             self.global_steps,
             self.global_samples + self.train_batch_size(),  # train_batch adds it after

@@ -60,3 +60,14 @@ def test_combinations_that_cannot_work_are_refused(extra: dict, message: str) ->
 def test_ranks_per_node_without_the_hierarchy_is_refused() -> None:
     with pytest.raises(ConfigError, match="ranks_per_node applies with communication.topology"):
         parse({"communication": {"ranks_per_node": 2}})
+
+
+def test_slow_node_keys_are_checked_before_anything_runs() -> None:
+    """[Note: slow nodes]: an interval alone would do nothing; a tolerance must be > 0."""
+    with pytest.raises(ConfigError, match="slow_node_interval applies with"):
+        parse({"communication": {"slow_node_interval": 10}})
+    with pytest.raises(ConfigError, match="slow_node_tolerance: expected a value greater than 0"):
+        parse({"communication": {"slow_node_tolerance": 0}})
+    c = parse({"communication": {"slow_node_tolerance": 0.2}}).communication
+    assert (c.slow_node_tolerance, c.slow_node_interval) == (0.2, None)  # None: every 50 steps
+    assert parse(parse({"communication": {"slow_node_tolerance": 0.2}}).to_dict())

@@ -165,7 +165,11 @@ def _compressed(d: str) -> dict[str, Any]:
 
 
 def _hierarchical(d: str) -> dict[str, Any]:
-    return _base(d, communication={"topology": "hierarchical", "ranks_per_node": 1})
+    return _base(
+        d,
+        communication={"topology": "hierarchical", "ranks_per_node": 1}
+        | {"slow_node_tolerance": 0.5, "slow_node_interval": 1},
+    )
 
 
 # A client optimizer where the scenario's keys are about client optimizers.

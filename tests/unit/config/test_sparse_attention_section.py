@@ -62,6 +62,9 @@ def test_a_key_the_mode_does_not_use_is_refused_by_name():
     assert problem.startswith("sparse_attention.num_local_blocks: mode 'dense' does not use it")
     with pytest.raises(ConfigError, match="num_sliding_window_blocks: mode 'fixed'"):
         parse({"sparse_attention": {"num_sliding_window_blocks": 2}})  # fixed by default
+    # the effective config writes every key out at its default: it parses again
+    cfg = parse({"sparse_attention": {"mode": "dense", "block": 32}})
+    assert parse(cfg.to_dict()).sparse_attention == cfg.sparse_attention
 
 
 def test_tensor_slicing_and_a_layout_over_every_head_are_refused_together():

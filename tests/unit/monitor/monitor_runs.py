@@ -45,16 +45,28 @@ def train_with_every_monitor(out: str) -> dict[str, Any]:
     return seen
 
 
-def one_rank_slowed(out_dir: str) -> list[dict[str, Any]]:
-    """3 ranks training with jsonl_monitor; rank 1 computes 40 ms longer each step. Every
-    rank's wall time is the slow one's (they wait for it); its compute time is not."""
+def one_rank_slowed(out_dir: str) -> dict[str, Any]:
+    """3 ranks training with jsonl_monitor and slow-node checks; rank 1 computes 40 ms longer
+    each step. Every rank's wall time is the slow one's (they wait for it); its compute time
+    is not. Returns each rank's records, the ranks each check found slow, the metrics' slow
+    figures and the slow-node warnings logged."""
     import json
+    import logging
     import time
     from pathlib import Path
 
     from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.utils.logging import logger
     from tests.unit.runtime.models import batch, loss_fn, mlp
 
+    warnings: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("slow node"):
+                warnings.append(record.getMessage())
+
+    logger.addHandler(Keep())
     engine, *_ = initialize(
         model=mlp(),
         config={
@@ -62,8 +74,10 @@ def one_rank_slowed(out_dir: str) -> list[dict[str, Any]]:
             "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
             "steps_per_print": 4,
             "jsonl_monitor": {"enabled": True, "output_path": out_dir, "job_name": "job"},
+            "communication": {"slow_node_tolerance": 0.5, "slow_node_interval": 4},
         },
     )
+    slow, figures = [], []
     for s in range(16):
         x, y = batch(s, engine.dp_rank)
         loss = loss_fn(engine, x, y)
@@ -71,6 +85,10 @@ def one_rank_slowed(out_dir: str) -> list[dict[str, Any]]:
             time.sleep(0.04)
         engine.backward(loss)
         engine.step()
+        if engine.global_steps % 4 == 0:
+            slow.append(list(engine.slow_nodes.slow))
+            figures.append({k: v for k, v in engine.metrics.last.items() if "slow" in k})
     engine.destroy()
     path = Path(out_dir) / "job" / "ranks" / f"rank{engine.dp_rank}.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    return {"records": records, "slow": slow, "figures": figures, "warnings": warnings}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -120,22 +121,44 @@ def test_a_rank_slower_than_the_median_is_named_with_its_host(
     assert "rank 0" not in out and "rank 2" not in out
 
 
-def test_a_rank_slowed_on_purpose_is_named_by_its_compute_time(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """Real ranks: the slowed rank's wall times equal the others' (synchronous training),
-    its compute times stand out ([Note: compute time])."""
+@pytest.fixture(scope="module")
+def slowed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """One 3-rank run shared by the tests below: rank 1 computes 40 ms longer per step."""
     from tests.helpers.distributed import run_ranks
 
     from . import monitor_runs
 
-    records = run_ranks(monitor_runs.one_rank_slowed, 3, str(tmp_path), timeout=180)
-    steady = [[r for r in recs if r["step"] > 4] for recs in records]
+    out = tmp_path_factory.mktemp("slowed")
+    return out, run_ranks(monitor_runs.one_rank_slowed, 3, str(out), timeout=180)
+
+
+def test_a_rank_slowed_on_purpose_is_named_by_its_compute_time(
+    slowed: tuple[Path, list[dict[str, Any]]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Real ranks: the slowed rank's wall times equal the others' (synchronous training),
+    its compute times stand out ([Note: compute time])."""
+    out_dir, runs = slowed
+    steady = [[r for r in run["records"] if r["step"] > 4] for run in runs]
     walls = [sum(r["window_s"] for r in recs) for recs in steady]
     computes = [sum(r["compute_s"] for r in recs) for recs in steady]
     assert max(walls) < 1.2 * min(walls), walls  # the wall clock names no one
     assert computes[1] > 2 * max(computes[0], computes[2]), computes
-    assert ds_report(["run", str(tmp_path), "--no_plots"]) == 0
+    assert ds_report(["run", str(out_dir), "--no_plots"]) == 0
     out = capsys.readouterr().out
     assert "straggler           rank 1 on " in out, out
     assert "rank 0" not in out and "rank 2" not in out
+
+
+def test_slow_node_tolerance_names_the_slowed_rank_while_training(
+    slowed: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    """[Note: slow nodes]: every check on every rank finds rank 1 and only it; rank 0 warns
+    once per check with its host, and the metrics carry the figures."""
+    _, runs = slowed
+    for run in runs:
+        assert run["slow"][1:] == [[1], [1], [1]], run["slow"]  # the first window warms up
+    warnings, figures = runs[0]["warnings"], runs[0]["figures"]
+    assert len(warnings) >= 3 and all(w.startswith("slow node: rank 1 on ") for w in warnings)
+    assert "communication.slow_node_tolerance 0.5" in warnings[-1]
+    assert figures[-1]["slow_ranks_n"] == 1 and figures[-1]["slowest_compute_x"] > 1.5
+    assert runs[1]["warnings"] == []  # only rank 0 says it
