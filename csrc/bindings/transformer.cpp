@@ -138,32 +138,7 @@ at::Tensor softmax_bwd(const at::Tensor& dprobs, const at::Tensor& probs, double
   return ds_;
 }
 
-// The kernels the layer op composes ([Note: transformer layer op]).
-struct Kernels {
-  static constexpr at::DeviceType device = kDev;
-  static constexpr auto layer_norm_fwd = &::layer_norm_fwd;
-  static constexpr auto layer_norm_bwd = &::layer_norm_bwd;
-  static constexpr auto bias_gelu_fwd = &::bias_gelu_fwd;
-  static constexpr auto bias_gelu_bwd = &::bias_gelu_bwd;
-  static constexpr auto bias_dropout_residual = &::bias_dropout_residual;
-  static constexpr auto dropout = &::dropout;
-  static constexpr auto softmax_fwd = &::softmax_fwd;
-  static constexpr auto softmax_bwd = &::softmax_bwd;
-};
-
-std::tuple<at::Tensor, std::vector<at::Tensor>> layer_fwd(const at::Tensor& x,
-                                                          const std::optional<at::Tensor>& mask,
-                                                          at::TensorList params, DS_LAYER_SCALARS,
-                                                          bool save) {
-  return layer_fwd_op<Kernels>("transformer.layer_fwd", x, mask, params, DS_LAYER_SCALAR_NAMES,
-                               save);
-}
-
-std::tuple<at::Tensor, std::vector<at::Tensor>> layer_bwd(const at::Tensor& dout,
-                                                          at::TensorList saved,
-                                                          at::TensorList params, DS_LAYER_SCALARS) {
-  return layer_bwd_op<Kernels>("transformer.layer_bwd", dout, saved, params, DS_LAYER_SCALAR_NAMES);
-}
+DS_DEFINE_LAYER_OPS("transformer")  // [Note: transformer layer op]
 
 }  // namespace
 

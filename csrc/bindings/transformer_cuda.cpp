@@ -134,34 +134,19 @@ at::Tensor softmax_bwd(const at::Tensor& dprobs, const at::Tensor& probs, double
   return ds_;
 }
 
-// The kernels the layer op composes ([Note: transformer layer op]).
-struct Kernels {
-  static constexpr at::DeviceType device = kDev;
-  static constexpr auto layer_norm_fwd = &::layer_norm_fwd;
-  static constexpr auto layer_norm_bwd = &::layer_norm_bwd;
-  static constexpr auto bias_gelu_fwd = &::bias_gelu_fwd;
-  static constexpr auto bias_gelu_bwd = &::bias_gelu_bwd;
-  static constexpr auto bias_dropout_residual = &::bias_dropout_residual;
-  static constexpr auto dropout = &::dropout;
-  static constexpr auto softmax_fwd = &::softmax_fwd;
-  static constexpr auto softmax_bwd = &::softmax_bwd;
-};
+DS_DEFINE_LAYER_OPS("transformer_cuda")  // [Note: transformer layer op]
 
-std::tuple<at::Tensor, std::vector<at::Tensor>> layer_fwd(const at::Tensor& x,
-                                                          const std::optional<at::Tensor>& mask,
-                                                          at::TensorList params, DS_LAYER_SCALARS,
-                                                          bool save) {
-  const c10::cuda::CUDAGuard guard(x.device());
-  return layer_fwd_op<Kernels>("transformer_cuda.layer_fwd", x, mask, params, DS_LAYER_SCALAR_NAMES,
-                               save);
-}
-
-std::tuple<at::Tensor, std::vector<at::Tensor>> layer_bwd(const at::Tensor& dout,
-                                                          at::TensorList saved,
-                                                          at::TensorList params, DS_LAYER_SCALARS) {
-  const c10::cuda::CUDAGuard guard(dout.device());
-  return layer_bwd_op<Kernels>("transformer_cuda.layer_bwd", dout, saved, params,
-                               DS_LAYER_SCALAR_NAMES);
+void impl_all(torch::Library& m) {
+  m.impl("layer_norm_fwd", &layer_norm_fwd);
+  m.impl("layer_norm_bwd", &layer_norm_bwd);
+  m.impl("bias_gelu_fwd", &bias_gelu_fwd);
+  m.impl("bias_gelu_bwd", &bias_gelu_bwd);
+  m.impl("bias_dropout_residual", &bias_dropout_residual);
+  m.impl("dropout", &dropout);
+  m.impl("softmax_fwd", &softmax_fwd);
+  m.impl("softmax_bwd", &softmax_bwd);
+  m.impl("layer_fwd", &layer_fwd);
+  m.impl("layer_bwd", &layer_bwd);
 }
 
 }  // namespace
@@ -185,30 +170,8 @@ TORCH_LIBRARY(ds_transformer_cuda, m) {
   m.def(LAYER_BWD_SCHEMA);
 }
 
-TORCH_LIBRARY_IMPL(ds_transformer_cuda, CUDA, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd);
-  m.impl("layer_norm_bwd", &layer_norm_bwd);
-  m.impl("bias_gelu_fwd", &bias_gelu_fwd);
-  m.impl("bias_gelu_bwd", &bias_gelu_bwd);
-  m.impl("bias_dropout_residual", &bias_dropout_residual);
-  m.impl("dropout", &dropout);
-  m.impl("softmax_fwd", &softmax_fwd);
-  m.impl("softmax_bwd", &softmax_bwd);
-  m.impl("layer_fwd", &layer_fwd);
-  m.impl("layer_bwd", &layer_bwd);
-}
+TORCH_LIBRARY_IMPL(ds_transformer_cuda, CUDA, m) { impl_all(m); }
 
 // The same functions on CPU tensors: each one's input check rejects them first, naming the
 // tensor and its device, instead of the dispatcher's list of backends.
-TORCH_LIBRARY_IMPL(ds_transformer_cuda, CPU, m) {
-  m.impl("layer_norm_fwd", &layer_norm_fwd);
-  m.impl("layer_norm_bwd", &layer_norm_bwd);
-  m.impl("bias_gelu_fwd", &bias_gelu_fwd);
-  m.impl("bias_gelu_bwd", &bias_gelu_bwd);
-  m.impl("bias_dropout_residual", &bias_dropout_residual);
-  m.impl("dropout", &dropout);
-  m.impl("softmax_fwd", &softmax_fwd);
-  m.impl("softmax_bwd", &softmax_bwd);
-  m.impl("layer_fwd", &layer_fwd);
-  m.impl("layer_bwd", &layer_bwd);
-}
+TORCH_LIBRARY_IMPL(ds_transformer_cuda, CPU, m) { impl_all(m); }

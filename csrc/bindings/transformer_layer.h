@@ -285,3 +285,31 @@ std::tuple<at::Tensor, std::vector<at::Tensor>> layer_bwd_op(const char* op, con
 }
 
 }  // namespace ds_bind_tf
+
+// In a binding's unnamed namespace, after its kernels: the Kernels struct the layer op
+// composes (the binding's functions, on its device kDev) and the two op functions, layer_fwd
+// and layer_bwd, named "<prefix>.layer_fwd" / ".layer_bwd" in errors. The kernels set their
+// own device guards.
+#define DS_DEFINE_LAYER_OPS(prefix)                                                            \
+  struct Kernels {                                                                             \
+    static constexpr at::DeviceType device = kDev;                                             \
+    static constexpr auto layer_norm_fwd = &::layer_norm_fwd;                                  \
+    static constexpr auto layer_norm_bwd = &::layer_norm_bwd;                                  \
+    static constexpr auto bias_gelu_fwd = &::bias_gelu_fwd;                                    \
+    static constexpr auto bias_gelu_bwd = &::bias_gelu_bwd;                                    \
+    static constexpr auto bias_dropout_residual = &::bias_dropout_residual;                    \
+    static constexpr auto dropout = &::dropout;                                                \
+    static constexpr auto softmax_fwd = &::softmax_fwd;                                        \
+    static constexpr auto softmax_bwd = &::softmax_bwd;                                        \
+  };                                                                                           \
+  std::tuple<at::Tensor, std::vector<at::Tensor>> layer_fwd(                                   \
+      const at::Tensor& x, const std::optional<at::Tensor>& mask, at::TensorList params,       \
+      DS_LAYER_SCALARS, bool save) {                                                           \
+    return ds_bind_tf::layer_fwd_op<Kernels>(prefix ".layer_fwd", x, mask, params,             \
+                                             DS_LAYER_SCALAR_NAMES, save);                     \
+  }                                                                                            \
+  std::tuple<at::Tensor, std::vector<at::Tensor>> layer_bwd(                                   \
+      const at::Tensor& dout, at::TensorList saved, at::TensorList params, DS_LAYER_SCALARS) { \
+    return ds_bind_tf::layer_bwd_op<Kernels>(prefix ".layer_bwd", dout, saved, params,         \
+                                             DS_LAYER_SCALAR_NAMES);                           \
+  }

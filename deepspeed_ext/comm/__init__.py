@@ -41,6 +41,7 @@ from .layout import (
 )
 from .sharded import (
     all_gather_bucket,
+    all_reduce_bucket,
     collective_device,
     reduce_scatter_bucket,
     sum_over,
@@ -78,6 +79,7 @@ __all__ = [
     "sum_tensor_over",
     "sums_over",
     "reduce_scatter_bucket",
+    "all_reduce_bucket",
     "all_gather_object",
     "all_reduce",
     "barrier",

@@ -65,13 +65,28 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
             out.copy_(bucket)
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
-        work = dist.all_reduce(bucket, group=pg, async_op=True)
-        lo, hi = _own_bounds(bucket, group, pg, size)
-        own = bucket[lo:hi]
-        if own.data_ptr() == out.data_ptr():
-            return work
-        return _Then(work, lambda: out.copy_(own))
+        return _all_reduce_own(out, bucket, group, pg, size)
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
+
+
+def all_reduce_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = None) -> Any:
+    """reduce_scatter_bucket's result by an all-reduce of the whole bucket (every rank gets
+    the sum; out takes this rank's chunk): zero_optimization.reduce_scatter false."""
+    pg, size = resolve(group)
+    if size == 1:
+        if out.data_ptr() != bucket.data_ptr():
+            out.copy_(bucket)
+        return _Done()
+    return _all_reduce_own(out, bucket, group, pg, size)
+
+
+def _all_reduce_own(out: torch.Tensor, bucket: torch.Tensor, group: Any, pg: Any, size: int) -> Any:
+    work = dist.all_reduce(bucket, group=pg, async_op=True)
+    lo, hi = _own_bounds(bucket, group, pg, size)
+    own = bucket[lo:hi]
+    if own.data_ptr() == out.data_ptr():
+        return work
+    return _Then(work, lambda: out.copy_(own))
 
 
 def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = None) -> Any:

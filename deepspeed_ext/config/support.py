@@ -139,14 +139,9 @@ REFUSED: dict[str, Rule] = {
 _SPEED = "it tunes speed only and this runtime does not use it"
 NOTED: dict[str, Rule] = {
     "zero_optimization.contiguous_gradients": Rule("gradients always go into contiguous buckets"),
-    "zero_optimization.reduce_scatter": Rule("stages 1-2 always reduce-scatter gradients"),
     "zero_optimization.use_multi_rank_bucket_allreduce": Rule(_SPEED),
     "zero_optimization.allgather_partitions": Rule(
         "stages 1-2 always all-gather updated partitions"
-    ),
-    "zero_optimization.allgather_bucket_size": Rule("stages 1-2 all-gather one bucket at a time"),
-    "zero_optimization.overlap_comm": Rule(
-        "gradient reduction always overlaps backward", allowed=(True,)
     ),
     "zero_optimization.round_robin_gradients": Rule(_SPEED),
     "tensor_parallel.tp_overlap_comm": Rule(

@@ -18,7 +18,6 @@ from typing import Any
 from deepspeed_ext import comm
 from deepspeed_ext.utils.logging import logger
 
-
 DEFAULT_INTERVAL = 50  # steps between checks when slow_node_interval is not given
 
 

@@ -41,9 +41,15 @@ class ShardedReducer:
         averaging: GradAverage = MEAN,
         host_grads: bool = False,
         exchange: Any = None,
+        overlap: bool = True,
+        scatter: Callable[..., Any] = reduce_scatter_bucket,
     ) -> None:
         self.dp = group  # data-parallel
         self.exchange = exchange
+        # [Note: ZeRO communication keys]: overlap_comm false waits for each bucket's
+        # reduction before the backward goes on; reduce_scatter false all-reduces buckets
+        self.overlap = overlap
+        self.scatter = scatter
         self.before, self.after = averaging.factors(group.size)
         self.is_boundary = is_boundary  # for a backward the engine did not begin
         self.begun = False  # begin() ran for the backward under way
@@ -152,11 +158,14 @@ class ShardedReducer:
         else:
             if self.before != 1:
                 buf.mul_(self.before)
-            work = reduce_scatter_bucket(out, buf, group=self.dp)
+            work = self.scatter(out, buf, group=self.dp)
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
             self.buffers.pop(i, None)  # the in-flight entry keeps it alive until reduced
             while len(self._inflight) > self.max_in_flight:
+                self._drain_one()
+        if not self.overlap:
+            while self._inflight:
                 self._drain_one()
 
     def _drain_one(self) -> None:

@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext import comm
 from deepspeed_ext.comm import all_gather_bucket, collective_device, sum_tensor_over
 
 from . import checkpoint
+from .comm_options import reduce_options
 from .fragments import Fragment, bind, state_owner
 from .layout import GroupLayout, plan_group
 from .module_state import load_module_state, module_state
@@ -47,6 +49,7 @@ class ZeroStrategy:
             )
             self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
             self.group_options.append({k: v for k, v in g.items() if k != "params"})
+        reduce_opts = reduce_options(ctx.zero)
         self.reducer = ShardedReducer(
             self.groups,
             ctx.accum_dtype,
@@ -56,7 +59,11 @@ class ZeroStrategy:
             averaging=ctx.averaging,
             host_grads=offloaded(ctx),
             exchange=ctx.grad_exchange,
+            overlap=reduce_opts.overlap,
+            scatter=reduce_opts.scatter,
         )
+        # [Note: ZeRO communication keys]: elements per all-gather, over all ranks
+        self.allgather_numel = max(1, int(ctx.zero.allgather_bucket_size))
         self.exchange = ctx.grad_exchange  # its error buffers go to this rank's file
         self.sync_enabled = True
         # Our CPU optimizers take 16-bit grads for fp32 masters as they are; others get fp32.
@@ -139,15 +146,28 @@ class ZeroStrategy:
     def after_step(self) -> None:
         """Each rank's updated chunks into the model's flat buffer, then every chunk to all."""
         works: list[Any] = []
+        piece = max(1, self.allgather_numel // self.world)  # elements per rank per gather
         for grp in self.groups:
             for b, m in enumerate(grp.masters):
                 m.grad = None
                 own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype, non_blocking=True)
+                if own.numel() > piece:
+                    self._gather_in_pieces(grp.bucket_view(b), own, piece)
+                    continue
                 works.append(all_gather_bucket(grp.bucket_view(b), own, group=self.dp))
                 if len(works) > 2:  # bound the backend's transient gather buffers
                     works.pop(0).wait()
         for w in works:
             w.wait()
+
+    def _gather_in_pieces(self, bucket: torch.Tensor, own: torch.Tensor, piece: int) -> None:
+        """allgather_bucket_size below a bucket: its chunks gathered piece by piece, each
+        rank's slice of a piece landing in that rank's chunk of the bucket."""
+        c = own.numel()
+        for lo in range(0, c, piece):
+            hi = min(c, lo + piece)
+            outs = [bucket[r * c + lo : r * c + hi] for r in range(self.world)]
+            comm.all_gather(outs, own[lo:hi], group=self.dp)
 
     def zero_grads(self) -> None:
         self.reducer.zero()

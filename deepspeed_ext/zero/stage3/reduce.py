@@ -32,8 +32,10 @@ class Stage3Reducer:
         group: AxisGroup,
         max_in_flight: int = 2,
         averaging: GradAverage = MEAN,
+        scatter: Any = reduce_scatter_bucket,
     ) -> None:
         self.group = group  # data-parallel
+        self.scatter = scatter  # [Note: ZeRO communication keys]
         self.world = group.size
         self.before, self.after = averaging.factors(self.world)
         self.accum_dtype = accum_dtype
@@ -73,7 +75,7 @@ class Stage3Reducer:
         out = buf[self.group.rank]
         if self.before != 1:
             buf.mul_(self.before)
-        work = reduce_scatter_bucket(out, buf.view(-1), group=self.group)
+        work = self.scatter(out, buf.view(-1), group=self.group)
         self.in_flight.append((work, out, [p for p, _ in items]))
         while len(self.in_flight) > self.max_in_flight:
             self._complete()

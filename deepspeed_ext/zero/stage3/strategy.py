@@ -13,8 +13,10 @@ import torch
 
 from deepspeed_ext.comm import collective_device, sum_tensor_over
 from deepspeed_ext.utils.errors import CheckpointError
+from deepspeed_ext.utils.logging import logger
 
 from ..backward_end import EndOfBackward
+from ..comm_options import reduce_options
 from ..fragments import Fragment, bind, state_owner
 from ..norms import sum_of_squares
 from ..protocol import RankFiles, StrategyContext
@@ -97,13 +99,21 @@ class Stage3Strategy:
         self.trainable = [p for grp in self.group_params for p in grp]
         self.trainable_ids = {id(p) for p in self.trainable}
         self.masters = {id(p): self._new_master(p, optimizer_device) for p in self.trainable}
+        reduce_opts = reduce_options(ctx.zero)  # [Note: ZeRO communication keys]
+        if "allgather_bucket_size" in ctx.zero.model_fields_set:
+            logger.info(
+                "zero_optimization.allgather_bucket_size applies to stages 1-2; stage 3 gathers "
+                "parameters by stage3_prefetch_bucket_size"
+            )
         self.reducer = Stage3Reducer(
             self.trainable,
             ctx.accum_dtype,
             optimizer_device,
             options.bucket_numel,
             self.dp,
+            max_in_flight=2 if reduce_opts.overlap else 0,
             averaging=ctx.averaging,
+            scatter=reduce_opts.scatter,
         )
         self._grad_hooks = [
             p.register_post_accumulate_grad_hook(

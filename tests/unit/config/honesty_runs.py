@@ -123,7 +123,13 @@ def _zero2_fp16(d: str) -> dict[str, Any]:
         gradient_predivide_factor=2.0,
         fp16_override_modules=["GELU"],
         zero_force_ds_cpu_optimizer=False,
-        zero_optimization={"stage": 2, "offload_optimizer": {"device": "cpu"}},
+        zero_optimization={
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu"},
+            "overlap_comm": False,
+            "reduce_scatter": False,
+            "allgather_bucket_size": 1000,
+        },
     )
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_ranks
-from tests.unit.zero.zero_runs import train
+from tests.unit.zero.zero_runs import train, train_with_comm_keys
 
 _refs: dict = {}
 
@@ -78,3 +78,19 @@ def test_optimizer_state_is_partitioned():
     # each rank holds about half (plus the padding of its chunks)
     for b in parts:
         assert 0.4 * full < b < 0.65 * full, (b, full)
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_communication_keys_change_how_not_what(stage):
+    """[Note: ZeRO communication keys]: reduce_scatter false all-reduces the buckets,
+    overlap_comm false waits for each, a small allgather_bucket_size gathers the updated
+    parameters in pieces (stages 1-2); the parameters are stage 0's all the same."""
+    keys = {"reduce_scatter": False, "overlap_comm": False, "allgather_bucket_size": 64}
+    got = run_ranks(train_with_comm_keys, 2, stage, keys)
+    _assert_same(got, stage0(2), atol=2e-6, rtol=1e-5)
+    counts = got[0]["counts"]
+    assert counts["all_reduce_bucket"] >= 4, counts  # a bucket or more per step, 4 steps
+    if stage < 3:  # 32 elements a rank per gather: several per ~250-element chunk
+        assert counts["all_gather"] > 4 * 3, counts
+    default = run_ranks(train_with_comm_keys, 2, stage, {})[0]["counts"]
+    assert default == {"all_reduce_bucket": 0, "all_gather": 0}, default

@@ -154,3 +154,23 @@ def plain_and_engine_backward(stages: list[int]) -> dict[tuple[int, bool], dict]
     """Every stage trained twice in one process group: with engine.backward(loss), and with
     a plain loss.backward() (whose end of backward comes from the autograd callback)."""
     return {(s, plain): train(s, plain_backward=plain) for s in stages for plain in (False, True)}
+
+
+def train_with_comm_keys(stage: int, keys: dict[str, Any]) -> dict:
+    """train() with zero_optimization communication keys set ([Note: ZeRO communication
+    keys]), counting the collectives the keys ask for: bucket all-reduces in place of
+    reduce-scatters, and the pieces of the parameters' all-gathers."""
+    from deepspeed_ext import comm
+
+    counts = {"all_reduce_bucket": 0, "all_gather": 0}
+    for name in counts:
+        real = getattr(comm, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(comm, name, counted)
+    extra = {"zero_optimization": {"stage": stage, "reduce_bucket_size": 500, **keys}}
+    out = train(stage, 4, 2, extra)
+    return {**out, "counts": counts}

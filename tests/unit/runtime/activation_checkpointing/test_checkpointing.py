@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -79,8 +81,8 @@ def test_non_tensor_arguments_and_outputs_pass_through():
         assert ckpt.checkpoint(f, x, "u", mask)[1] == "u"
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_rng_tracker_streams_replay_inside_a_recompute(mode):
+def _tracked_dropout() -> tuple[torch.nn.Linear, Any]:
+    """A linear layer and a function drawing its dropout from the tracker's stream."""
     ckpt.model_parallel_cuda_manual_seed(5)
     lin = torch.nn.Linear(8, 8)
 
@@ -88,6 +90,12 @@ def test_rng_tracker_streams_replay_inside_a_recompute(mode):
         with ckpt.get_cuda_rng_tracker().fork():
             return torch.nn.functional.dropout(lin(x), 0.5)
 
+    return lin, f
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rng_tracker_streams_replay_inside_a_recompute(mode):
+    _, f = _tracked_dropout()
     x = torch.randn(4, 8, requires_grad=True)
     states = ckpt.get_cuda_rng_tracker().get_states()
     f(x).sum().backward()
@@ -107,13 +115,7 @@ def test_rng_tracker_streams_replay_inside_a_recompute(mode):
 def test_a_split_backward_recomputes_twice_with_the_same_masks():
     """zb-h1 takes input gradients first and weight gradients later: torch enters the
     non-reentrant checkpoint's recompute context once for each."""
-    ckpt.model_parallel_cuda_manual_seed(5)
-    lin = torch.nn.Linear(8, 8)
-
-    def f(x):
-        with ckpt.get_cuda_rng_tracker().fork():
-            return torch.nn.functional.dropout(lin(x), 0.5)
-
+    lin, f = _tracked_dropout()
     x = torch.randn(4, 8, requires_grad=True)
     states = ckpt.get_cuda_rng_tracker().get_states()
     f(x).sum().backward()

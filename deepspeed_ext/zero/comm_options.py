@@ -1,0 +1,32 @@
+"""[Note: ZeRO communication keys]
+How ZeRO's collectives run, from upstream's zero_optimization keys:
+- `overlap_comm`: given as false, each gradient bucket's reduction completes before the
+  backward goes on (stages 1-3); otherwise up to two buckets reduce while the backward runs.
+  Upstream's per-stage default (false below stage 3) is not taken as a request: this runtime
+  overlaps at every stage unless told not to.
+- `reduce_scatter`: false all-reduces each bucket, every rank keeping its own part of the sum,
+  instead of reduce-scattering it (stages 1-3; the result is the same).
+- `allgather_bucket_size`: the most elements one all-gather of updated parameters moves
+  (stages 1-2, counted over all ranks): a larger bucket is gathered in pieces. Stage 3 gathers
+  parameters by stage3_prefetch_bucket_size, as upstream's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from deepspeed_ext import comm
+
+
+@dataclass(frozen=True)
+class ReduceOptions:
+    overlap: bool
+    scatter: Callable[..., Any]  # (out, bucket, group=) -> work, as comm.reduce_scatter_bucket
+
+
+def reduce_options(zero: Any) -> ReduceOptions:
+    overlap = bool(zero.overlap_comm) if "overlap_comm" in zero.model_fields_set else True
+    scatter = comm.reduce_scatter_bucket if zero.reduce_scatter else comm.all_reduce_bucket
+    return ReduceOptions(overlap, scatter)
