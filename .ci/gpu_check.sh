@@ -58,6 +58,8 @@ step ds_report ds_report
 workers=$(python3 -c "import xdist" 2>/dev/null && echo "-n 4")
 step gpu_tests python3 -m pytest -q -m gpu tests -p no:cacheprovider --tb=short $workers
 if [ -z "${SKIP_BENCH:-}" ]; then
+  # the tests' xdist workers leave a load average of 11-15 behind: let it settle first
+  sleep "${BENCH_SETTLE_S:-45}"
   step fused_adam_bench python3 bench/fused_adam.py --out "$OUT/fused_adam.json"
   step transformer_layer_bench python3 bench/transformer_layer.py --out "$OUT/transformer_layer_bert_base.json"
   step transformer_layer_bench_large python3 bench/transformer_layer.py --hidden 1024 --heads 16 \
