@@ -1,8 +1,9 @@
-"""Flat against hierarchical all-reduce ([Note: hierarchical all-reduce]), 2 "nodes" x 2
-ranks: each node a network namespace, the two joined by a veth pair with a tc rate limit
-(made here and removed after; needs root), the ranks of a node talking over its own
-addresses (not rate-limited). Times the sum of one 25 MB fp32 bucket, median of the timed
-calls, both ways in one run.
+"""Flat against hierarchical all-reduce ([Note: hierarchical all-reduce]) and ZeRO's
+reduce-scatter ([Note: hierarchical reduce-scatter]), 2 "nodes" x 2 ranks: each node a
+network namespace, the two joined by a veth pair with a tc rate limit (made here and removed
+after; needs root), the ranks of a node talking over its own addresses (not rate-limited).
+Times the sum of one 25 MB fp32 bucket (and its reduce-scatter to the ranks' chunks, as
+ZeRO runs it), median of the timed calls, every way in one run.
 
     python bench/hierarchical_allreduce.py                 # 1 Gbit/s between the nodes
     python bench/hierarchical_allreduce.py --rate 500mbit
@@ -39,17 +40,27 @@ def worker(args: argparse.Namespace) -> None:
     if groups is None:
         raise SystemExit(f"no node groups: {why}")
     n = args.mb * 2**20 // 4
-    x = torch.randn(n, generator=torch.Generator().manual_seed(rank))
-    times: dict[str, list[float]] = {"flat": [], "hierarchical": []}
+    # on the collectives' device (gloo: the host), as the runtime's buckets are
+    x = torch.randn(
+        n, generator=torch.Generator().manual_seed(rank), device=comm.collective_device()
+    )
+    hows = ("flat", "hierarchical", "rs_flat", "rs_hierarchical")
+    times: dict[str, list[float]] = {how: [] for how in hows}
+    world = comm.get_world_size()
     for i in range(args.warmup + args.iters):
-        for how in ("flat", "hierarchical"):  # alternating, so drift hits both
+        for how in hows:  # alternating, so drift hits every way
             buf = x.clone()
+            own = buf[rank * (n // world) : (rank + 1) * (n // world)]
             torch.distributed.barrier()
             t0 = time.perf_counter()
             if how == "flat":
                 torch.distributed.all_reduce(buf)
-            else:
+            elif how == "hierarchical":
                 HierarchicalWork(buf, groups, args.segments).wait()
+            elif how == "rs_flat":  # what ZeRO 1-3 run with the flat topology
+                comm.reduce_scatter_bucket(own, buf, group=axis_of(None)).wait()
+            else:
+                comm.reduce_scatter_bucket_hierarchical(own, buf, groups).wait()
             torch.distributed.barrier()
             if i >= args.warmup:
                 times[how].append(time.perf_counter() - t0)
@@ -120,22 +131,34 @@ def main() -> None:
         else:
             with netns.linked_pair("ha", rate=args.rate) as link:
                 times, where = run(args, link), f"veth {args.rate}"
-        flat, hier = median(times["flat"]), median(times["hierarchical"])
+        med = {how: median(ts) for how, ts in times.items()}
+        flat, hier = med["flat"], med["hierarchical"]
         # the bytes each node sends across: 2 (2L - 1) / 2L x S flat, S hierarchical
         bound = 2 * (2 * per - 1) / (2 * per)
-        rows.append([f"2 x {per}", f"{flat * 1e3:.1f}", f"{hier * 1e3:.1f}"])
-        rows[-1] += [f"{flat / hier:.2f}x", f"{bound:.2f}x"]
+        # ZeRO on gloo reduce-scatters by an all-reduce: 2 (2L - 1) / 2L x S across, flat;
+        # two steps: each of the L local ranks all-reduces its S / L piece between the 2
+        # nodes, S across in all: the all-reduce's bound again
+        rs_bound = bound
+        for what, a, b, bnd in (
+            ("all-reduce", flat, hier, bound),
+            ("reduce-scatter", med["rs_flat"], med["rs_hierarchical"], rs_bound),
+        ):
+            rows.append([f"2 x {per}", what, f"{a * 1e3:.1f}", f"{b * 1e3:.1f}"])
+            rows[-1] += [f"{a / b:.2f}x", f"{bnd:.2f}x"]
         results.append(
             {
                 "ranks_per_node": per,
                 "link": where,
-                "median_s": {"flat": flat, "hierarchical": hier},
+                "median_s": med,
                 "speedup": flat / hier,
                 "byte_ratio_bound": bound,
+                "reduce_scatter_speedup": med["rs_flat"] / med["rs_hierarchical"],
+                "reduce_scatter_byte_ratio_bound": rs_bound,
                 "raw": times,
             }
         )
-    print_table(["nodes x ranks", "flat ms", "hierarchical ms", "speed-up", "bytes bound"], rows)
+    headers = ["nodes x ranks", "collective", "flat ms", "hierarchical ms", "speed-up"]
+    print_table(headers + ["bytes bound"], rows)
     path = write_result(
         "hierarchical_allreduce",
         {

@@ -22,7 +22,7 @@ from .comms_logging import comms_logger
 from .comms_summary import configure, log_summary
 from .env import DistEnv, discover, free_port
 from .grid import PipelineParallelGrid
-from .hierarchical import NodeGroups, node_groups
+from .hierarchical import NodeGroups, node_groups, reduce_scatter_bucket_hierarchical
 from .init import (
     destroy_process_group,
     get_local_rank,
@@ -54,6 +54,7 @@ __all__ = [
     "waits",
     "NodeGroups",
     "node_groups",
+    "reduce_scatter_bucket_hierarchical",
     "comms_logger",
     "configure",
     "log_summary",

@@ -146,3 +146,39 @@ class _Segment:
             self.seg.copy_(self.recv[: self.seg.numel()])
             self.work = None
         self.phase += 1
+
+
+class _HierarchicalScatter:
+    """[Note: hierarchical reduce-scatter]
+    ZeRO's reduce-scatter of a bucket of W = N x L chunks (N nodes of L ranks; data rank
+    r = n L + j owns chunk r) in two steps, so that each byte crosses the node boundary once:
+    1. inside the node, reduce-scatter of the bucket reordered as [j][n] (local rank j gets
+       the node's sum of chunks n L + j for every n);
+    2. across the nodes, reduce-scatter of that piece among the ranks with local index j:
+       node n's rank gets chunk n L + j summed over every rank.
+    Step 1 starts at once (it overlaps the backward as the flat one does); step 2 when the
+    bucket is waited on, in launch order on every rank. The reordered copy is one more
+    bucket-sized buffer while a bucket is in flight."""
+
+    def __init__(self, out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups) -> None:
+        from .sharded import reduce_scatter_bucket
+
+        self.out, self.groups, self._rs = out, groups, reduce_scatter_bucket
+        nodes, per = groups.cross.size, groups.pieces
+        c = bucket.numel() // (nodes * per)
+        self.order = bucket.view(nodes, per, c).transpose(0, 1).contiguous().view(-1)
+        j = groups.local.rank
+        self.piece = self.order[j * nodes * c : (j + 1) * nodes * c]
+        self.work: Any = reduce_scatter_bucket(self.piece, self.order, group=groups.local)
+
+    def wait(self) -> None:
+        self.work.wait()
+        self._rs(self.out, self.piece, group=self.groups.cross).wait()
+
+
+def reduce_scatter_bucket_hierarchical(
+    out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups
+) -> Any:
+    """reduce_scatter_bucket's result over node groups ([Note: hierarchical
+    reduce-scatter]): out <- this rank's chunk of the sum."""
+    return _HierarchicalScatter(out, bucket, groups)

@@ -205,12 +205,11 @@ def _communication(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
                 "'hierarchical'; set the topology or remove ranks_per_node"
             ]
         return []
-    stage = cfg.zero_optimization.stage
-    if "zero_optimization.stage" not in autos and stage != 0:
+    if not cfg.zero_optimization.reduce_scatter:
         return [
-            "communication.topology 'hierarchical' applies to the stage-0 gradient all-reduce; "
-            f"ZeRO stage {stage} reduce-scatters into partitions, which stays flat: set the "
-            "stage to 0 or the topology to 'flat'"
+            "communication.topology 'hierarchical' runs ZeRO's reduce-scatter in two steps "
+            "(and stage 0's all-reduce in three); zero_optimization.reduce_scatter false asks "
+            "for a flat all-reduce instead: keep one"
         ]
     if cfg.gradient_compression is not None:
         return [

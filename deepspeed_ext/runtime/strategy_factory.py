@@ -42,10 +42,10 @@ def make_strategy(ctx: StrategyContext, stage: int) -> GradientStrategy:
             "or build the model without zero.Init"
         )
     # the config checks refuse these before spawn; a stage left "auto" is only known here
-    if stage and ctx.hierarchy is not None:
+    if stage and ctx.hierarchy is not None and not ctx.zero.reduce_scatter:
         raise ValueError(
-            "communication.topology 'hierarchical' applies to the stage-0 gradient all-reduce; "
-            f"zero_optimization.stage resolved to {stage}: set the topology to 'flat'"
+            "communication.topology 'hierarchical' runs ZeRO's reduce-scatter in two steps; "
+            "zero_optimization.reduce_scatter is false: set it to true or the topology to 'flat'"
         )
     if stage == 3 and ctx.grad_exchange is not None:
         raise ValueError(

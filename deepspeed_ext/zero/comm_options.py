@@ -6,6 +6,8 @@ How ZeRO's collectives run, from upstream's zero_optimization keys:
   overlaps at every stage unless told not to.
 - `reduce_scatter`: false all-reduces each bucket, every rank keeping its own part of the sum,
   instead of reduce-scattering it (stages 1-3; the result is the same).
+- `communication.topology` hierarchical: buckets reduce-scatter inside each node first, then
+  across nodes ([Note: hierarchical reduce-scatter] in comm/hierarchical.py; stages 1-3).
 - `allgather_bucket_size`: the most elements one all-gather of updated parameters moves
   (stages 1-2, counted over all ranks): a larger bucket is gathered in pieces. Stage 3 gathers
   parameters by stage3_prefetch_bucket_size, as upstream's does.
@@ -26,7 +28,14 @@ class ReduceOptions:
     scatter: Callable[..., Any]  # (out, bucket, group=) -> work, as comm.reduce_scatter_bucket
 
 
-def reduce_options(zero: Any) -> ReduceOptions:
+def reduce_options(zero: Any, hierarchy: comm.NodeGroups | None = None) -> ReduceOptions:
+    """hierarchy: `communication.topology` hierarchical's node groups of the data axis,
+    whose reduce-scatter then runs in two steps ([Note: hierarchical reduce-scatter])."""
     overlap = bool(zero.overlap_comm) if "overlap_comm" in zero.model_fields_set else True
     scatter = comm.reduce_scatter_bucket if zero.reduce_scatter else comm.all_reduce_bucket
+    if hierarchy is not None:
+
+        def scatter(out: Any, bucket: Any, group: Any = None) -> Any:
+            return comm.reduce_scatter_bucket_hierarchical(out, bucket, hierarchy)
+
     return ReduceOptions(overlap, scatter)

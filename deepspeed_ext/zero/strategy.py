@@ -49,7 +49,7 @@ class ZeroStrategy:
             )
             self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
             self.group_options.append({k: v for k, v in g.items() if k != "params"})
-        reduce_opts = reduce_options(ctx.zero)
+        reduce_opts = reduce_options(ctx.zero, ctx.hierarchy)
         self.reducer = ShardedReducer(
             self.groups,
             ctx.accum_dtype,

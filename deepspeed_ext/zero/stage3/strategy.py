@@ -99,7 +99,7 @@ class Stage3Strategy:
         self.trainable = [p for grp in self.group_params for p in grp]
         self.trainable_ids = {id(p) for p in self.trainable}
         self.masters = {id(p): self._new_master(p, optimizer_device) for p in self.trainable}
-        reduce_opts = reduce_options(ctx.zero)  # [Note: ZeRO communication keys]
+        reduce_opts = reduce_options(ctx.zero, ctx.hierarchy)  # [Note: ZeRO communication keys]
         if "allgather_bucket_size" in ctx.zero.model_fields_set:
             logger.info(
                 "zero_optimization.allgather_bucket_size applies to stages 1-2; stage 3 gathers "

@@ -146,6 +146,7 @@ def test_bench_smoke(script, args, result, tmp_path):
         data = json.loads((tmp_path / result).read_text())
         (res,) = data["results"]  # timings only: the sums' equality is tests/unit/comm's
         assert res["ranks_per_node"] == 2 and res["median_s"]["hierarchical"] > 0, res
+        assert res["median_s"]["rs_hierarchical"] > 0 and res["median_s"]["rs_flat"] > 0, res
     elif result == "transformer_layer_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         med = data["median_s"]

@@ -79,3 +79,53 @@ def engines() -> dict[str, Any]:
         out[f"{topology}_uses_nodes"] = engine.strategy.grads.buckets.hierarchy is not None
         engine.destroy()
     return out
+
+
+def zero_engines() -> dict[str, Any]:
+    """ZeRO 2 and 3 with the flat and the hierarchical topology: parameters, and how many
+    buckets each way of reducing moved (counted at the comm functions)."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.runtime.initialize import initialize
+    from tests.unit.runtime.models import batch, loss_fn, mlp
+
+    counts = {"reduce_scatter_bucket_hierarchical": 0, "reduce_scatter_bucket": 0}
+    for name in counts:
+        real = getattr(comm, name)
+
+        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        setattr(comm, name, counted)
+    out: dict[str, Any] = {}
+    for stage in (2, 3):
+        for topology in ("flat", "hierarchical"):
+            for k in counts:
+                counts[k] = 0
+            engine, *_ = initialize(
+                model=mlp(),
+                config={
+                    "train_micro_batch_size_per_gpu": 8,
+                    "gradient_accumulation_steps": 2,
+                    "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                    "zero_optimization": {"stage": stage, "reduce_bucket_size": 200},
+                    "communication": (
+                        {"topology": topology, "ranks_per_node": 2}
+                        if topology == "hierarchical"
+                        else {}
+                    ),
+                },
+            )
+            for s in range(4):
+                x, y = batch(s, engine.dp_rank)
+                engine.backward(loss_fn(engine, x, y))
+                engine.step()
+            from deepspeed_ext.zero.stage3 import GatheredParameters
+
+            with GatheredParameters(list(engine.module.parameters())):
+                params = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+            out[f"{stage}_{topology}"] = params
+            # buckets the reducer handed to each (the two steps' inner calls are not counted)
+            out[f"{stage}_{topology}_counts"] = dict(counts)
+            engine.destroy()
+    return out

@@ -1,7 +1,8 @@
 """The hierarchical all-reduce ([Note: hierarchical all-reduce]) on real gloo ranks, 4 ranks
 as 2 nodes of 2: the node groups, sums equal to the flat all-reduce's (integer-valued, so any
 order is exact), the flat one where the layout has no nodes to exploit, and an engine whose
-training matches the flat one; combinations that cannot work are refused by name."""
+training matches the flat one, at stage 0 and with ZeRO's two-step reduce-scatter
+([Note: hierarchical reduce-scatter]); combinations that cannot work are refused by name."""
 
 from __future__ import annotations
 
@@ -43,10 +44,25 @@ def test_an_engine_trains_as_with_the_flat_all_reduce() -> None:
             torch.testing.assert_close(o["hierarchical"][n], p, rtol=1e-6, atol=1e-7)
 
 
+def test_zero_reduce_scatters_in_two_steps_and_trains_as_flat() -> None:
+    """[Note: hierarchical reduce-scatter]: stages 2 and 3, 4 ranks as 2 nodes of 2."""
+    for o in run_ranks(runs.zero_engines, 4, timeout=300):
+        for stage in (2, 3):
+            two_step, flat = "reduce_scatter_bucket_hierarchical", "reduce_scatter_bucket"
+            hier, plain = o[f"{stage}_hierarchical_counts"], o[f"{stage}_flat_counts"]
+            assert hier[two_step] > 0 and hier[flat] == 0, hier
+            assert plain[flat] > 0 and plain[two_step] == 0, plain
+            for n, p in o[f"{stage}_flat"].items():
+                torch.testing.assert_close(o[f"{stage}_hierarchical"][n], p, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        ({"zero_optimization": {"stage": 2}}, "ZeRO stage 2 reduce-scatters into partitions"),
+        (
+            {"zero_optimization": {"stage": 2, "reduce_scatter": False}},
+            "reduce_scatter false asks for a flat all-reduce",
+        ),
         ({"gradient_compression": {"algorithm": "1bit"}}, "both replace the gradient all-reduce"),
         ({"communication": {"topology": "hierarchical", "ranks_per_node": 0}}, "ranks_per_node"),
         ({"communication": {"topology": "ring"}}, "communication.topology"),
