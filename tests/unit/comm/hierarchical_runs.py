@@ -51,6 +51,17 @@ def sums(per_node: int) -> dict[str, Any]:
     return out
 
 
+def _config(topology: str, **extra: Any) -> dict[str, Any]:
+    hierarchical = {"topology": topology, "ranks_per_node": 2}
+    return {
+        "train_micro_batch_size_per_gpu": 8,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "communication": hierarchical if topology == "hierarchical" else {},
+        **extra,
+    }
+
+
 def engines() -> dict[str, Any]:
     """The same training with the flat and the hierarchical gradient all-reduce."""
     from deepspeed_ext.runtime.initialize import initialize
@@ -58,19 +69,7 @@ def engines() -> dict[str, Any]:
 
     out = {}
     for topology in ("flat", "hierarchical"):
-        engine, *_ = initialize(
-            model=mlp(),
-            config={
-                "train_micro_batch_size_per_gpu": 8,
-                "gradient_accumulation_steps": 2,
-                "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-                "communication": (
-                    {"topology": topology, "ranks_per_node": 2}
-                    if topology == "hierarchical"
-                    else {}
-                ),
-            },
-        )
+        engine, *_ = initialize(model=mlp(), config=_config(topology))
         for s in range(6):
             x, y = batch(s, engine.dp_rank)
             engine.backward(loss_fn(engine, x, y))
@@ -86,36 +85,17 @@ def zero_engines() -> dict[str, Any]:
     buckets each way of reducing moved (counted at the comm functions)."""
     from deepspeed_ext import comm
     from deepspeed_ext.runtime.initialize import initialize
+    from tests.helpers.counting import count_calls
     from tests.unit.runtime.models import batch, loss_fn, mlp
 
-    counts = {"reduce_scatter_bucket_hierarchical": 0, "reduce_scatter_bucket": 0}
-    for name in counts:
-        real = getattr(comm, name)
-
-        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            counts[_name] += 1
-            return _real(*args, **kwargs)
-
-        setattr(comm, name, counted)
+    counts = count_calls(comm, ["reduce_scatter_bucket_hierarchical", "reduce_scatter_bucket"])
     out: dict[str, Any] = {}
     for stage in (2, 3):
         for topology in ("flat", "hierarchical"):
             for k in counts:
                 counts[k] = 0
-            engine, *_ = initialize(
-                model=mlp(),
-                config={
-                    "train_micro_batch_size_per_gpu": 8,
-                    "gradient_accumulation_steps": 2,
-                    "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-                    "zero_optimization": {"stage": stage, "reduce_bucket_size": 200},
-                    "communication": (
-                        {"topology": topology, "ranks_per_node": 2}
-                        if topology == "hierarchical"
-                        else {}
-                    ),
-                },
-            )
+            zero = {"stage": stage, "reduce_bucket_size": 200}
+            engine, *_ = initialize(model=mlp(), config=_config(topology, zero_optimization=zero))
             for s in range(4):
                 x, y = batch(s, engine.dp_rank)
                 engine.backward(loss_fn(engine, x, y))

@@ -161,16 +161,9 @@ def train_with_comm_keys(stage: int, keys: dict[str, Any]) -> dict:
     keys]), counting the collectives the keys ask for: bucket all-reduces in place of
     reduce-scatters, and the pieces of the parameters' all-gathers."""
     from deepspeed_ext import comm
+    from tests.helpers.counting import count_calls
 
-    counts = {"all_reduce_bucket": 0, "all_gather": 0}
-    for name in counts:
-        real = getattr(comm, name)
-
-        def counted(*args: Any, _real: Any = real, _name: str = name, **kwargs: Any) -> Any:
-            counts[_name] += 1
-            return _real(*args, **kwargs)
-
-        setattr(comm, name, counted)
+    counts = count_calls(comm, ["all_reduce_bucket", "all_gather"])
     extra = {"zero_optimization": {"stage": stage, "reduce_bucket_size": 500, **keys}}
     out = train(stage, 4, 2, extra)
     return {**out, "counts": counts}
