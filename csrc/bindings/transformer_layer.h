@@ -81,8 +81,9 @@ inline LayerOptions layer_options(const char* op, int64_t heads, double p_attn, 
                                   bool attn_drop_ckpt) {
   TORCH_CHECK(heads > 0, op, ": heads must be > 0, got ", heads);
   TORCH_CHECK(eps > 0 && eps < 1, op, ": eps must be in (0, 1), got ", eps);
-  for (const int64_t off : {off_attn, off_res1, off_res2}) check_dropout(op, p_attn, seed, off);
-  check_dropout(op, p_hid, seed, 0);
+  check_dropout(op, p_attn, seed, off_attn);  // each dropout call's p, seed and offset
+  check_dropout(op, p_hid, seed, off_res1);
+  check_dropout(op, p_hid, seed, off_res2);
   return {heads,    p_attn,   p_hid,  eps,        seed,      off_attn,
           off_res1, off_res2, pre_ln, invertible, gelu_ckpt, attn_drop_ckpt};
 }

@@ -31,6 +31,7 @@ import torch
 
 from .checked import all_gather_into, dist
 from .layout import AxisGroup
+from .sharded import reduce_scatter_bucket
 
 
 @dataclass(frozen=True)
@@ -161,9 +162,7 @@ class _HierarchicalScatter:
     bucket-sized buffer while a bucket is in flight."""
 
     def __init__(self, out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups) -> None:
-        from .sharded import reduce_scatter_bucket
-
-        self.out, self.groups, self._rs = out, groups, reduce_scatter_bucket
+        self.out, self.groups = out, groups
         nodes, per = groups.cross.size, groups.pieces
         c = bucket.numel() // (nodes * per)
         self.order = bucket.view(nodes, per, c).transpose(0, 1).contiguous().view(-1)
@@ -173,7 +172,7 @@ class _HierarchicalScatter:
 
     def wait(self) -> None:
         self.work.wait()
-        self._rs(self.out, self.piece, group=self.groups.cross).wait()
+        reduce_scatter_bucket(self.out, self.piece, group=self.groups.cross).wait()
 
 
 def reduce_scatter_bucket_hierarchical(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import support
+from .sections.sparse_attention import MODE_KEYS
 
 if TYPE_CHECKING:
     from .model import DeepSpeedConfig
@@ -101,8 +102,6 @@ def _sparse_attention(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     sa = cfg.sparse_attention
     if sa is None:
         return []
-    from .sections.sparse_attention import MODE_KEYS
-
     out = [
         f"sparse_attention.{key}: mode '{sa.mode}' does not use it (its keys: "
         f"{', '.join(MODE_KEYS[sa.mode])}); remove it, or pick the mode it belongs to"
