@@ -1,7 +1,8 @@
 """Who am I in the job: rank, world size, local rank and rendezvous from the environment.
 
 Sources, in order: the env contract (RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, set
-by our launcher and by torchrun), Slurm (SLURM_PROCID, ...), Open MPI (OMPI_COMM_WORLD_*).
+by our launcher and by torchrun), Slurm (SLURM_PROCID, ...), and the MPI launchers: Open MPI
+(OMPI_COMM_WORLD_*), MVAPICH (MV2_COMM_WORLD_*), MPICH and Intel MPI (PMI_RANK/PMI_SIZE).
 None of them: a single process, world size 1.
 """
 
@@ -58,6 +59,50 @@ def _int(env: dict[str, str], key: str) -> int:
         raise ValueError(f"environment variable {key}={env[key]!r} is not an integer") from None
 
 
+# (rank, size, local rank, local size, what to call them) per MPI launcher
+_MPI_VARS = [
+    (
+        "OMPI_COMM_WORLD_RANK",
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "Open MPI",
+    ),
+    (
+        "MV2_COMM_WORLD_RANK",
+        "MV2_COMM_WORLD_SIZE",
+        "MV2_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_SIZE",
+        "MVAPICH",
+    ),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "MPICH/Intel MPI"),
+]
+
+
+def _from_mpi(
+    e: dict[str, str],
+    rank_key: str,
+    size_key: str,
+    local_key: str,
+    local_size_key: str,
+    name: str,
+    port: int,
+) -> DistEnv:
+    size = _int(e, size_key)
+    local_size = int(e.get(local_size_key, e.get("LOCAL_SIZE", size)))
+    addr = e.get("MASTER_ADDR") or ""
+    if not addr:
+        if local_size != size:
+            raise ValueError(
+                f"{name} job across nodes without MASTER_ADDR: export MASTER_ADDR=<rank 0's "
+                "host> (and MASTER_PORT) to every rank (the deepspeed launcher does)"
+            )
+        addr = "127.0.0.1"
+    return DistEnv(
+        _int(e, rank_key), size, int(e.get(local_key, "0")), addr, port, f"{name} ({rank_key})"
+    )
+
+
 def discover(
     env: dict[str, str] | None = None, default_port: int = 29500, auto_mpi_discovery: bool = True
 ) -> DistEnv:
@@ -82,24 +127,9 @@ def discover(
             port,
             "SLURM_PROCID/SLURM_NTASKS",
         )
-    if auto_mpi_discovery and "OMPI_COMM_WORLD_RANK" in e:
-        size = _int(e, "OMPI_COMM_WORLD_SIZE")
-        local_size = int(e.get("OMPI_COMM_WORLD_LOCAL_SIZE", size))
-        addr = e.get("MASTER_ADDR") or ""
-        if not addr:
-            if local_size != size:
-                raise ValueError(
-                    "Open MPI job across nodes without MASTER_ADDR: export MASTER_ADDR=<rank 0's "
-                    "host> (and MASTER_PORT) to every rank, e.g. mpirun -x MASTER_ADDR=..."
-                )
-            addr = "127.0.0.1"
-        return DistEnv(
-            _int(e, "OMPI_COMM_WORLD_RANK"),
-            size,
-            int(e.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")),
-            addr,
-            port,
-            "OMPI_COMM_WORLD_*",
-        )
+    if auto_mpi_discovery:
+        for rank_key, size_key, local_key, local_size_key, name in _MPI_VARS:
+            if rank_key in e and size_key in e:
+                return _from_mpi(e, rank_key, size_key, local_key, local_size_key, name, port)
     # A plain `python train.py`: a world of one on a private port.
     return DistEnv(0, 1, 0, "127.0.0.1", int(e.get("MASTER_PORT", free_port())), "single process")

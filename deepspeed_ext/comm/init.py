@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import atexit
 import datetime
+import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +90,18 @@ def init_distributed(
     # without an active exception": gloo's threads destroyed while joinable, seen after ZeRO
     # runs); the group we created is destroyed in order at exit instead.
     atexit.register(_destroy_at_exit)
+    atexit.register(_stamp_exit)  # runs first (atexit is last in, first out)
+
+
+def _stamp_exit() -> None:
+    """Tell the launcher when this rank began to exit ([Note: who failed first])."""
+    path = os.environ.get("DS_EXT_EXIT_STAMP")
+    if path:
+        try:
+            with open(path, "w") as f:
+                f.write(f"{time.time():.6f}")
+        except OSError:
+            pass
 
 
 def _bind_group_defaults_early() -> None:

@@ -12,6 +12,7 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -20,13 +21,16 @@ from types import FrameType
 
 from deepspeed_ext.utils import numa
 
+from .control import ControlClient
 from .devices import local_gpus
 from .env import NodePlan, decode_world_info, rank_env
 from .ports import DEFAULT_MASTER_PORT
-from .procs import RankProcess, exit_code, live_groups
+from .procs import EXIT_STAMP_ENV, RankProcess, exit_code, live_groups
 
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL: with the polling below all is gone within ~6 s
 POLL_S = 0.1  # how quickly a failed rank is noticed
+SETTLE_S = 2.0  # how long ranks already exiting get to end before the cause is named
+STOPPED_BY_RUNNER = 143  # a node stopped because the job failed elsewhere (as by SIGTERM)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -125,9 +129,12 @@ def teardown(
         say(f"could not stop process groups {sorted(alive)}")
 
 
-def _watch(ranks: Sequence[RankProcess], stopper: _Stopper) -> RankProcess | None:
-    """Until all ranks end, one fails (returned), or a stop signal comes."""
-    while stopper.signum is None:
+def _watch(
+    ranks: Sequence[RankProcess], stopper: _Stopper, control: ControlClient | None
+) -> RankProcess | None:
+    """Until all ranks end, one fails (returned), a stop signal comes, or the job's runner
+    says stop (or is lost)."""
+    while stopper.signum is None and (control is None or control.stop_reason is None):
         running = False
         for r in ranks:
             rc = r.poll()
@@ -139,6 +146,22 @@ def _watch(ranks: Sequence[RankProcess], stopper: _Stopper) -> RankProcess | Non
             return None
         time.sleep(POLL_S)
     return None
+
+
+def _first_to_fail(ranks: Sequence[RankProcess], noticed: RankProcess) -> RankProcess:
+    """[Note: who failed first] The failed rank that began to exit first, which is the cause
+    of the others' failures. A rank that calls sys.exit(5) while its peers wait in a
+    collective spends longer in its exit (destroying its process group) than the peers take
+    to raise "connection closed" and end with 1: by the end times alone the innocent peer
+    looks first. So ranks already exiting are given SETTLE_S to end, then the earliest
+    begun exit among the failed ones wins."""
+    deadline = time.monotonic() + SETTLE_S
+    while time.monotonic() < deadline and any(
+        r.poll() is None and r.began_exit() is not None for r in ranks
+    ):
+        time.sleep(0.02)
+    failed = [r for r in ranks if r.poll() not in (None, 0)]
+    return min(failed, key=lambda r: r.began_exit() or float("inf"), default=noticed)
 
 
 def _report_failure(failed: RankProcess) -> None:
@@ -171,17 +194,24 @@ def launch_node(
     base_env: Mapping[str, str] | None = None,
     log_dir: str | None = None,
     grace: float = KILL_GRACE_S,
+    control: ControlClient | None = None,
 ) -> int:
-    """Run this node's ranks to the end; the exit code the launcher should return."""
+    """Run this node's ranks to the end; the exit code the launcher should return.
+
+    With `control` (a multi-node job), a failed rank is reported to the runner at once (it
+    stops the other hosts and prints the stderr tail), and the runner's `stop` stops ours.
+    """
     base = dict(os.environ if base_env is None else base_env)
     logs = _log_paths(log_dir, plan)
     many = plan.world_size > 1  # one rank: its stderr passes through unmarked
     ranks: list[RankProcess] = []
-    with _Stopper() as stopper:
+    stamp_dir = tempfile.TemporaryDirectory(prefix="deepspeed_exit_")
+    with stamp_dir as stamps, _Stopper() as stopper:
         try:
             for local_rank in range(plan.local_size):
                 rank = plan.global_rank(local_rank)
                 cmd, env = spec.command(local_rank), rank_env(base, plan, local_rank)
+                env[EXIT_STAMP_ENV] = os.path.join(stamps, f"rank{rank}.exit")
                 if spec.bind_cores:
                     cmd, threads = bound_command(
                         cmd, spec.bind_core_list, plan.local_size, local_rank
@@ -205,13 +235,21 @@ def launch_node(
             teardown(ranks, grace, lambda: stopper.hurry)
             return 127 if isinstance(e, FileNotFoundError) else 126
 
-        failed = _watch(ranks, stopper)
+        failed = _watch(ranks, stopper, control)
+        if failed is not None:
+            failed = _first_to_fail(ranks, failed)
+        external = None if control is None else control.stop_reason
         if failed is not None:
             others = sum(1 for r in ranks if r is not failed and r.poll() is None)
+            if control is not None:  # first, so the other hosts stop while we do
+                control.failed(_failure_info(failed, plan))
             say(
                 f"rank {failed.rank} (pid {failed.pid}) {failed.describe_exit()}; "
                 f"stopping the other {others} rank(s)"
+                + ("" if control is None else f" on {plan.hosts[plan.node_rank]}")
             )
+        elif external is not None:
+            say(f"stopping {len(ranks)} rank(s) on {plan.hosts[plan.node_rank]}: {external}")
         elif stopper.signum is not None:
             name = signal.Signals(stopper.signum).name
             say(f"received {name}; stopping {len(ranks)} rank(s)")
@@ -222,12 +260,29 @@ def launch_node(
             r.finish_output()
 
     if failed is not None:
-        _report_failure(failed)
+        if control is None:  # else the runner prints it, with the host
+            _report_failure(failed)
         assert failed.proc.returncode is not None
         return exit_code(failed.proc.returncode)
     if stopper.signum is not None:
         return 128 + stopper.signum
+    if external is not None:
+        return STOPPED_BY_RUNNER
     return 0
+
+
+def _failure_info(failed: RankProcess, plan: NodePlan) -> dict[str, object]:
+    assert failed.proc.returncode is not None
+    return {
+        "rank": failed.rank,
+        "host": plan.hosts[plan.node_rank],
+        "pid": failed.pid,
+        "code": exit_code(failed.proc.returncode),
+        "ended_at": failed.began_exit() or time.time(),
+        "exit": failed.describe_exit(),
+        "tail": failed.stderr_tail(),
+        "log": failed.log_path,
+    }
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -236,6 +291,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description="Start this node's share of a DeepSpeed job (one process per slot).",
     )
     p.add_argument("--node_rank", type=int, default=0, help="this node's index in world_info")
+    p.add_argument("--node_host", default="", help="this node's name in world_info (wins)")
+    p.add_argument("--control", default="", help="the runner's control address (multi-node)")
     p.add_argument("--master_addr", default="127.0.0.1", help="address of rank 0's node")
     p.add_argument("--master_port", type=int, default=DEFAULT_MASTER_PORT)
     p.add_argument("--world_info", required=True, help="base64 JSON host -> slot ids")
@@ -243,27 +300,63 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no_python", action="store_true", help="run the script directly")
     p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank")
     p.add_argument("--enable_each_rank_log", default="None", help="folder for per-rank logs")
+    p.add_argument("--bind_cores_to_rank", action="store_true", help="bind each rank's cores")
+    p.add_argument("--bind_core_list", default=None, help="the cores to share out")
     p.add_argument("training_script")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return p.parse_args(argv)
 
 
+def node_rank_of(world_info: Mapping[str, Sequence[int]], node_rank: int, node_host: str) -> int:
+    """This node's index: by its name when given (pdsh's %h), else --node_rank."""
+    hosts = list(world_info)
+    if node_host:
+        if node_host not in hosts:
+            raise ValueError(f"--node_host {node_host} is not in the job's hosts {hosts}")
+        return hosts.index(node_host)
+    if not 0 <= node_rank < len(hosts):
+        raise ValueError(f"--node_rank {node_rank} is outside 0..{len(hosts) - 1}")
+    return node_rank
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     world_info = decode_world_info(args.world_info)
-    host = list(world_info)[args.node_rank]
+    try:
+        node_rank = node_rank_of(world_info, args.node_rank, args.node_host)
+    except ValueError as e:
+        say(f"error: {e}")
+        return 2
+    host = list(world_info)[node_rank]
     # GPU nodes: the slot ids are device ids (as upstream); CPU nodes: ranks only
     devices = [str(s) for s in world_info[host]] if local_gpus() else None
-    plan = NodePlan(world_info, args.node_rank, args.master_addr, args.master_port, devices)
+    plan = NodePlan(world_info, node_rank, args.master_addr, args.master_port, devices)
     spec = ScriptSpec(
         args.training_script,
         list(args.training_script_args),
         module=args.module,
         no_python=args.no_python,
         no_local_rank=args.no_local_rank,
+        bind_cores=args.bind_cores_to_rank,
+        bind_core_list=args.bind_core_list,
     )
     log_dir = None if args.enable_each_rank_log == "None" else args.enable_each_rank_log
-    return launch_node(plan, spec, log_dir=log_dir)
+    control = None
+    if args.control:
+        try:
+            control = ControlClient(args.control, node_rank, host)
+        except ConnectionError as e:
+            say(f"error on {host}: {e}; no rank was started")
+            return 1
+    try:
+        code = launch_node(plan, spec, log_dir=log_dir, control=control)
+    except ValueError as e:  # a bad --enable_each_rank_log folder
+        say(f"error on {host}: {e}")
+        code = 2
+    if control is not None:
+        control.done(code)
+        control.close()
+    return code
 
 
 if __name__ == "__main__":

@@ -9,10 +9,13 @@ import select
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO
 
 TAIL_LINES = 20
+# the file a rank writes the time it began to exit to (deepspeed_ext.comm, at exit)
+EXIT_STAMP_ENV = "DS_EXT_EXIT_STAMP"
 _HOLD_S = 0.2  # how long an unfinished stderr line may wait for its newline
 _stderr_lock = threading.Lock()  # one writer at a time, so rank lines do not interleave
 
@@ -79,6 +82,7 @@ class RankProcess:
         self.rank = rank
         self.local_rank = local_rank
         self.cmd = list(cmd)
+        self.env = dict(env)
         self.log_path = log_path
         self._prefix = prefix
         self._tail: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES)
@@ -88,7 +92,7 @@ class RankProcess:
         try:
             self.proc = subprocess.Popen(
                 self.cmd,
-                env=dict(env),
+                env=self.env,
                 stdout=log,  # None: the launcher's own stdout
                 stderr=log if log else subprocess.PIPE,
                 start_new_session=True,  # own session and group: killpg reaches grandchildren
@@ -97,11 +101,30 @@ class RankProcess:
             if log:
                 log.close()  # the child holds its own copy
         self.pid = self.proc.pid  # also the process group id, after setsid
+        self.ended_at: float | None = None  # wall-clock time the process ended
+        threading.Thread(target=self._wait, daemon=True).start()
         if self.proc.stderr is not None:
             self._thread = threading.Thread(
                 target=self._tee, args=(self.proc.stderr.fileno(),), daemon=True
             )
             self._thread.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended_at = time.time()
+
+    def began_exit(self) -> float | None:
+        """[Note: who failed first] When the rank began to exit: the time its interpreter
+        stamped at exit (EXIT_STAMP_ENV), else when the process ended (killed, or a script
+        that never initialized deepspeed_ext.comm)."""
+        path = self.env.get(EXIT_STAMP_ENV)
+        if path:
+            try:
+                with open(path) as f:
+                    return float(f.read().strip())
+            except (OSError, ValueError):
+                pass
+        return self.ended_at
 
     def _tee(self, fd: int) -> None:
         pending = b""  # the unfinished line, held back so ranks' lines do not interleave

@@ -1,8 +1,8 @@
 """The `deepspeed` command: decide the resources, check the DeepSpeed config against the world
 size before anything starts, then run this node's ranks (launch.py).
 
-Multi-node jobs (a hostfile naming more than one host) are parsed and filtered but not
-started yet; they end with a clear error that points to torchrun.
+A hostfile naming several hosts (or --force_multi) makes a multi-node job: multinode.py
+starts it through --launcher (pdsh by default) and stops it on every host as one.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from .hostfile import (
     parse_resource_filter,
 )
 from .launch import ScriptSpec, bound_command, launch_node, say
+from .multinode import MultiNodeError, run_multinode
+from .multinode_runner import RUNNERS
 from .ports import DEFAULT_MASTER_PORT, choose_master_port
 
 __all__ = [
@@ -82,7 +84,15 @@ def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
         help="ranks per node (default: every visible GPU; 1 CPU rank where there is no GPU)",
     )
     p.add_argument("--master_port", type=int, default=DEFAULT_MASTER_PORT)
-    p.add_argument("--master_addr", default="", help="rank 0's address (default 127.0.0.1)")
+    p.add_argument(
+        "--master_addr",
+        default="",
+        help="rank 0's address (default: 127.0.0.1 on one node; on several, the first host's "
+        "first `hostname -I` address)",
+    )
+    p.add_argument(
+        "--node_rank", type=int, default=-1, help="with --no_ssh: this node's index in the hosts"
+    )
     p.add_argument("--module", action="store_true", help="run the script as `python -m`")
     p.add_argument("--no_python", action="store_true", help="run the script without python")
     p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank")
@@ -92,11 +102,25 @@ def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save_pid", action="store_true", help="write /tmp/<pid>.deepspeed")
     p.add_argument("--validate", metavar="CONFIG", help="only validate this DeepSpeed config")
     p.add_argument("--world_size", type=int, help="the world size --validate checks against")
-    # multi-node and tuning flags of upstream: parsed for compatibility
-    p.add_argument("--launcher", default="pdsh", help="multi-node backend (not implemented)")
-    p.add_argument("--launcher_args", default="", help="multi-node backend arguments")
-    p.add_argument("--no_ssh_check", action="store_true", help="multi-node: skip the ssh check")
-    p.add_argument("--force_multi", action="store_true", help="use the multi-node path")
+    p.add_argument(
+        "--launcher",
+        default="pdsh",
+        type=str.lower,
+        choices=sorted(RUNNERS),
+        help="how a multi-node job starts its ranks",
+    )
+    p.add_argument(
+        "--launcher_args", default="", help="arguments for the launcher (pdsh, mpirun or srun)"
+    )
+    p.add_argument("--no_ssh_check", action="store_true", help="do not check the hosts first")
+    p.add_argument(
+        "--no_ssh",
+        action="store_true",
+        help="start only this node's ranks (run the same command on each host with --node_rank)",
+    )
+    p.add_argument("--ssh_port", type=int, default=None, help="ssh port of the hosts (pdsh)")
+    p.add_argument("--venv_script", default=None, help="a script each host sources first (pdsh)")
+    p.add_argument("--force_multi", action="store_true", help="multi-node launch even on one host")
     p.add_argument("--min_elastic_nodes", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--max_elastic_nodes", type=int, default=-1, help=argparse.SUPPRESS)
     p.add_argument("--elastic_training", action="store_true", help=argparse.SUPPRESS)
@@ -263,37 +287,71 @@ def _run(args: argparse.Namespace) -> int:
         flag, path = found
         # HF Trainer's --deepspeed fills "auto" values in the rank; DeepSpeed's own flag does not
         check_config(path, res.world_size, res.source, allow_auto=flag == "--deepspeed")
-    if len(res.active) > 1 or args.force_multi:
-        raise LauncherError(
-            f"multi-node launch is not implemented yet; use one node or torchrun "
-            f"(hosts: {', '.join(res.active)})"
-        )
+    multi = len(res.active) > 1 or args.force_multi
+    if args.no_ssh:
+        if not 0 <= args.node_rank < len(res.active):
+            raise LauncherError(
+                f"--no_ssh needs --node_rank between 0 and {len(res.active) - 1} "
+                f"(this node's index among the hosts {list(res.active)})"
+            )
+    elif args.node_rank != -1:
+        raise LauncherError("--node_rank only goes with --no_ssh")
+    elif multi:
+        pid_file = _write_pid_file(args.save_pid)
+        try:
+            return run_multinode(args, res.active, pool, extra_env)
+        except MultiNodeError as e:
+            raise LauncherError(str(e)) from None
+        finally:
+            _remove(pid_file)
 
-    master_addr = args.master_addr or "127.0.0.1"
-    master_port, note = choose_master_port(args.master_port)
-    if note:
-        say(note)
-    plan = NodePlan(res.active, 0, master_addr, master_port, res.devices)
+    node_rank = max(args.node_rank, 0)
+    if args.no_ssh and len(res.active) > 1:  # every node must agree on rank 0's port
+        master_addr, master_port = args.master_addr or next(iter(res.active)), args.master_port
+    else:
+        master_addr = args.master_addr or "127.0.0.1"
+        master_port, note = choose_master_port(args.master_port)
+        if note:
+            say(note)
+    devices = res.devices
+    if devices is not None and node_rank > 0:  # hostfile slots are this node's device ids
+        devices = [str(s) for s in list(res.active.values())[node_rank]]
+    plan = NodePlan(res.active, node_rank, master_addr, master_port, devices)
     if spec.bind_cores:
         try:  # before any rank starts: enough cores for every rank, a readable list
             bound_command([], spec.bind_core_list, plan.local_size, 0)
         except ValueError as e:
             raise LauncherError(f"--bind_cores_to_rank: {e}") from None
     on = f"GPU(s) {','.join(res.devices)}" if res.devices is not None else "CPU"
-    say(f"{plan.world_size} rank(s) on {plan.hosts[0]} ({on}), master {master_addr}:{master_port}")
+    host = plan.hosts[node_rank]
+    say(
+        f"{plan.local_size} of {plan.world_size} rank(s) on {host} ({on}), "
+        f"master {master_addr}:{master_port}"
+    )
 
     log_dir = None if args.enable_each_rank_log == "None" else args.enable_each_rank_log
-    pid_file = os.path.join(PID_FILE_DIR, f"{os.getpid()}.deepspeed") if args.save_pid else None
-    if pid_file:
-        with open(pid_file, "w") as f:
-            f.write(str(os.getpid()))
+    pid_file = _write_pid_file(args.save_pid)
     try:
         return launch_node(plan, spec, {**os.environ, **extra_env}, log_dir=log_dir)
     except ValueError as e:  # a bad --enable_each_rank_log folder
         raise LauncherError(str(e)) from None
     finally:
-        if pid_file and os.path.exists(pid_file):
-            os.remove(pid_file)
+        _remove(pid_file)
+
+
+def _write_pid_file(save_pid: bool) -> str | None:
+    """--save_pid: /tmp/<launcher pid>.deepspeed holding that pid, as upstream."""
+    if not save_pid:
+        return None
+    path = os.path.join(PID_FILE_DIR, f"{os.getpid()}.deepspeed")
+    with open(path, "w") as f:
+        f.write(str(os.getpid()))
+    return path
+
+
+def _remove(path: str | None) -> None:
+    if path and os.path.exists(path):
+        os.remove(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -312,14 +312,37 @@ def test_each_rank_log(tmp_path):
         assert f"out {rank}" in text and "err" in text
 
 
-def test_multi_node_hostfile_is_refused_clearly(tmp_path):
+def test_the_rank_that_failed_first_is_named_not_the_peer_it_broke(tmp_path):
+    # Rank 1 exits with 5 while rank 0 waits in a barrier; rank 0 then fails with 1
+    # ("connection closed") and, with less to tear down, ends first. [Note: who failed first]
+    body = """
+        import sys
+        import torch.distributed as dist
+        import deepspeed_ext.comm as comm
+        comm.init_distributed()
+        dist.barrier()
+        if dist.get_rank() == 1:
+            sys.exit(5)
+        dist.barrier()
+    """
+    for _ in range(2):
+        r = deepspeed(tmp_path, "--num_gpus", "2", script(tmp_path, body), timeout=60)
+        assert r.returncode == 5, r.stderr[-2000:]
+        assert "deepspeed: rank 1 (pid" in r.stderr and "exited with code 5" in r.stderr
+
+
+def test_hosts_that_cannot_be_reached_are_named_before_anything_starts(tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("worker-0 slots=2\nworker-1 slots=2\n")
     ran = tmp_path / "ran"
     body = f"open({str(ran)!r}, 'w').close()\n"
     r = deepspeed(tmp_path, "-H", str(hostfile), script(tmp_path, body))
     assert r.returncode == 1
-    assert "multi-node launch is not implemented yet; use one node or torchrun" in r.stderr
+    if shutil.which("pdsh") is None:
+        assert "--launcher pdsh needs `pdsh`, which is not on PATH" in r.stderr
+    else:  # no such hosts: ssh cannot resolve them
+        assert "2 of 2 host(s) cannot be reached by ssh, so nothing was started" in r.stderr
+        assert "    worker-0: " in r.stderr and "    worker-1: " in r.stderr
     assert not ran.exists()
     # the filters pick one host of it: that runs here, as upstream
     r = deepspeed(tmp_path, "-H", str(hostfile), "--include", "worker-1:1", script(tmp_path, body))
