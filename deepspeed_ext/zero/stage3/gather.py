@@ -61,16 +61,6 @@ def copy_rows(flat: torch.Tensor, rows: torch.Tensor) -> None:
         flat[k * s :].copy_(rows[k, : n - k * s])
 
 
-def fill_rows(rows: torch.Tensor, flat: torch.Tensor) -> None:
-    """rows ([W, S] view) <- flat (N elements) cut into shards; the padding is left alone."""
-    n, s = flat.numel(), rows.shape[1]
-    k = n // s
-    if k:
-        rows[:k].copy_(flat[: k * s].view(k, s))
-    if n - k * s:
-        rows[k, : n - k * s].copy_(flat[k * s :])
-
-
 def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
     """Gather every partitioned parameter in `params` that is not AVAILABLE. Parameters
     already in flight are waited for, not gathered twice."""

@@ -1,25 +1,65 @@
 """Stage-3 gradients into their owners' shards.
 
 [Note: stage-3 gradient reduction]
-Each trainable parameter's post-accumulate-grad hook hands its fresh full .grad here and frees
-it. Gradients are packed, in the order they become ready (the same on every rank: the same
-graph), into a [W, S_total] buffer, row r holding every parameter's shard r; once the pending
-elements reach the bucket size, one reduce-scatter leaves this rank's row, summed over ranks,
-which is added (averaged) into each parameter's shard-sized gradient partition. At most
-`max_in_flight` buffers exist at once, so no rank holds the full gradients. Whatever is
-pending when backward ends is flushed by end_backward().
+Each trainable parameter's post-accumulate-grad hook hands its fresh full .grad here, which
+is copied at once into the bucket being filled and then freed: no full-size gradient lives
+past its own hook. A bucket is a [W, C] buffer (C = reduce_bucket_size / W), row r holding
+every bucketed parameter's shard r, in the order gradients become ready (the same on every
+rank: the same graph). When the next gradient would not fit, the bucket's rows are closed up
+to [W, used] and one reduce-scatter leaves this rank's row, summed over ranks, which is added
+(averaged) into each parameter's shard-sized gradient partition. Buckets come from a pool of
+at most `max_in_flight` + 1 buffers, reused through the backward pass and freed at its end;
+a parameter whose shards alone exceed C gets a buffer of its own for that one
+reduction. Whatever is pending when backward ends is flushed by end_backward().
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from deepspeed_ext.comm import MEAN, AxisGroup, GradAverage, reduce_scatter_bucket
 
-from .gather import fill_rows
+
+@dataclass
+class _Bucket:
+    flat: torch.Tensor  # W * cap elements
+    cap: int  # elements per row
+    pooled: bool  # back to the pool when its reduction is done
+    used: int = 0
+    params: list[Any] = field(default_factory=list)
+
+    def rows(self, world: int) -> torch.Tensor:
+        return self.flat.view(world, self.cap)
+
+    def close_up(self, world: int) -> torch.Tensor:
+        """The filled columns as one contiguous [W, used] block at the buffer's start (the
+        collective wants each rank's chunk contiguous)."""
+        rows = self.rows(world)
+        for r in range(1, world):
+            src = rows[r, : self.used]
+            dst = self.flat[r * self.used : (r + 1) * self.used]
+            # rows only move down (row r+1's source lies past row r's new place); a row
+            # overlaps its own new place when r * cap < (r + 1) * used
+            dst.copy_(src.clone() if r * self.cap < (r + 1) * self.used else src)
+        return self.flat[: world * self.used]
+
+
+def fill_shards(cols: torch.Tensor, flat: torch.Tensor) -> None:
+    """cols ([W, S] view) <- flat (N <= W*S elements) cut into shards; the padding past N
+    is zeroed (a reused buffer holds the last step's values there)."""
+    n, s = flat.numel(), cols.shape[1]
+    k = n // s
+    if k:
+        cols[:k].copy_(flat[: k * s].view(k, s))
+    if k < cols.shape[0]:
+        rest = n - k * s
+        cols[k, :rest].copy_(flat[k * s :])
+        cols[k, rest:].zero_()
+        cols[k + 1 :].zero_()
 
 
 class Stage3Reducer:
@@ -49,51 +89,83 @@ class Stage3Reducer:
             )
             for p in params
         }
-        self.pending: list[tuple[Any, torch.Tensor]] = []
-        self.pending_numel = 0
-        self.in_flight: deque[tuple[Any, torch.Tensor, list[Any]]] = deque()
+        # elements per row of a bucket; never more than every shard (the default 5e8 bucket)
+        self.cap = min(-(-self.bucket_numel // self.world), sum(p.ds_shard_numel for p in params))
+        self.pool: list[torch.Tensor] = []  # free bucket buffers, dropped when backward ends
+        self.made = 0  # pooled buffers made in this backward (at most max_in_flight + 1)
+        self.current: _Bucket | None = None
+        self.in_flight: deque[tuple[Any, torch.Tensor, _Bucket]] = deque()
 
     def add(self, p: Any, grad: torch.Tensor) -> None:
-        self.pending.append((p, grad))
-        self.pending_numel += p.ds_shard_numel * self.world
-        if self.pending_numel >= self.bucket_numel:
+        """Copy `grad` (p's full gradient) into the bucket; the caller then drops it."""
+        s = p.ds_shard_numel
+        if s > self.cap:  # too big for a pooled bucket: a buffer of its own
             self._launch()
+            own = torch.empty(self.world * s, dtype=self.accum_dtype, device=grad.device)
+            bucket = _Bucket(own, s, pooled=False)
+            self._put(bucket, p, grad)
+            self._launch_bucket(bucket)
+            return
+        if self.current is not None and self.current.used + s > self.cap:
+            self._launch()
+        if self.current is None:
+            self.current = _Bucket(self._take(grad.device), self.cap, pooled=True)
+        self._put(self.current, p, grad)
+
+    def _put(self, bucket: _Bucket, p: Any, grad: torch.Tensor) -> None:
+        s = p.ds_shard_numel
+        fill_shards(bucket.rows(self.world)[:, bucket.used : bucket.used + s], grad.reshape(-1))
+        bucket.used += s
+        bucket.params.append(p)
+
+    def _take(self, device: torch.device) -> torch.Tensor:
+        """A free pooled buffer; waits for the oldest reduction when all are in use."""
+        while not self.pool and self.made > self.max_in_flight:
+            self._complete()
+        if self.pool:
+            return self.pool.pop()
+        self.made += 1
+        return torch.empty(self.world * self.cap, dtype=self.accum_dtype, device=device)
 
     def _launch(self) -> None:
-        if not self.pending:
-            return
-        items, self.pending, self.pending_numel = self.pending, [], 0
-        total = sum(p.ds_shard_numel for p, _ in items)
-        device = items[0][1].device
-        buf = torch.zeros(self.world, total, dtype=self.accum_dtype, device=device)
-        off = 0
-        for p, g in items:
-            s = p.ds_shard_numel
-            fill_rows(buf[:, off : off + s], g.reshape(-1))
-            off += s
-        # this rank's row of the bucket: the reduce-scatter runs in place (no output buffer)
-        out = buf[self.group.rank]
+        bucket, self.current = self.current, None
+        if bucket is not None and bucket.used:
+            self._launch_bucket(bucket)
+        elif bucket is not None:
+            self.pool.append(bucket.flat)
+
+    def _launch_bucket(self, bucket: _Bucket) -> None:
+        flat = bucket.close_up(self.world)
         if self.before != 1:
-            buf.mul_(self.before)
-        work = self.scatter(out, buf.view(-1), group=self.group)
-        self.in_flight.append((work, out, [p for p, _ in items]))
+            flat.mul_(self.before)
+        # this rank's row of the bucket: the reduce-scatter runs in place (no output buffer)
+        out = flat.view(self.world, bucket.used)[self.group.rank]
+        work = self.scatter(out, flat, group=self.group)
+        self.in_flight.append((work, out, bucket))
         while len(self.in_flight) > self.max_in_flight:
             self._complete()
 
     def _complete(self) -> None:
-        work, out, params = self.in_flight.popleft()
+        work, out, bucket = self.in_flight.popleft()
         work.wait()
         off = 0
-        for p in params:
+        for p in bucket.params:
             s = p.ds_shard_numel
             part = self.part[id(p)]
             part.add_(out[off : off + s].to(part.device), alpha=self.after)
             off += s
+        if bucket.pooled:
+            bucket.used, bucket.params = 0, []
+            self.pool.append(bucket.flat)
 
     def flush(self) -> None:
+        """End of backward: reduce what is pending, then free the pool (kept, it would sit
+        beside the next forward's activations)."""
         self._launch()
         while self.in_flight:
             self._complete()
+        self.pool.clear()
+        self.made = 0
 
     def grads(self) -> list[torch.Tensor]:
         return list(self.part.values())

@@ -1,0 +1,99 @@
+"""Stage3Reducer in one process: W ranks simulated by a scatter that sums W identical
+buckets, so each partition must come out as exactly this rank's shard of the gradient
+([Note: stage-3 gradient reduction]): pooled buckets reused (stale values in their padding),
+rows closed up for a part-filled bucket, a parameter larger than a bucket, accumulation over
+two backward passes, and no full gradient kept past its hook."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from deepspeed_ext.comm.layout import AxisGroup
+from deepspeed_ext.zero.stage3.reduce import Stage3Reducer, _Bucket, fill_shards
+
+W, RANK = 3, 2  # the last rank: its shards hold the padding
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
+
+
+def scatter_of_identical_ranks(out: torch.Tensor, bucket: torch.Tensor, group: AxisGroup):
+    """The sum over W ranks that all hold `bucket`: W times this rank's chunk."""
+    chunk = bucket.numel() // group.size
+    out.copy_(bucket[group.rank * chunk : (group.rank + 1) * chunk] * group.size)
+    return _Done()
+
+
+def param(numel: int) -> SimpleNamespace:
+    shard = -(-numel // W)
+    return SimpleNamespace(numel=numel, ds_shard_numel=shard, ds_device=torch.device("cpu"))
+
+
+def own_shard(grad: torch.Tensor, shard: int) -> torch.Tensor:
+    padded = torch.zeros(W * shard)
+    padded[: grad.numel()] = grad.reshape(-1)
+    return padded[RANK * shard : (RANK + 1) * shard]
+
+
+def test_fill_shards_zeroes_the_padding_and_close_up_packs_rows():
+    buf = torch.full((W * 4,), 7.0)
+    b = _Bucket(buf, 4, pooled=True)
+    fill_shards(b.rows(W)[:, 0:2], torch.arange(5.0))  # 5 elements as 3 shards of 2
+    b.used = 2
+    assert b.rows(W)[:, :2].tolist() == [[0, 1], [2, 3], [4, 0]]
+    assert b.close_up(W).tolist() == [0, 1, 2, 3, 4, 0]
+
+
+@pytest.mark.parametrize("bucket_numel", [30, 12, 10**9])
+def test_partitions_are_this_ranks_shards_through_pooled_buckets(bucket_numel):
+    params = [param(n) for n in (7, 5, 40, 1, 9, 9, 3)]  # 40 > any bucket of 30 / 12
+    group = AxisGroup(None, tuple(range(W)), RANK)
+    red = Stage3Reducer(
+        params,
+        torch.float32,
+        torch.device("cpu"),
+        bucket_numel,
+        group,
+        max_in_flight=1,
+        scatter=scatter_of_identical_ranks,
+    )
+    gen = torch.Generator().manual_seed(0)
+    want = {id(p): torch.zeros(p.ds_shard_numel) for p in params}
+    for _ in range(2):  # a second backward reuses buffers that hold the first one's values
+        for p in reversed(params):  # the order hooks fire in: last layer first
+            g = torch.randn(p.numel, generator=gen)
+            want[id(p)] += own_shard(g, p.ds_shard_numel)  # W ranks summed, then / W
+            red.add(p, g)
+        red.flush()
+    for p in params:
+        torch.testing.assert_close(red.part[id(p)], want[id(p)], rtol=0, atol=1e-6)
+    assert red.made == 0 and not red.pool  # the pool is freed when backward ends
+
+
+def test_no_full_gradient_is_kept_past_its_hook():
+    params = [param(600) for _ in range(4)]
+    group = AxisGroup(None, tuple(range(W)), RANK)
+    red = Stage3Reducer(
+        params,
+        torch.float32,
+        torch.device("cpu"),
+        10**9,
+        group,
+        scatter=scatter_of_identical_ranks,
+    )
+    refs = []
+    for p in params:
+        g = torch.randn(p.numel)
+        refs.append(weakref.ref(g))
+        red.add(p, g)
+        del g
+    gc.collect()
+    assert all(r() is None for r in refs), "a gradient outlived its copy into the bucket"
+    red.flush()
