@@ -111,7 +111,7 @@ class Stage3Strategy:
             optimizer_device,
             options.bucket_numel,
             self.dp,
-            max_in_flight=2 if reduce_opts.overlap else 0,
+            max_in_flight=1 if reduce_opts.overlap else 0,
             averaging=ctx.averaging,
             scatter=reduce_opts.scatter,
         )
