@@ -6,6 +6,7 @@ Upstream's `deepspeed.comm` names: init_distributed, is_initialized, get_rank, .
 from . import waits
 from .averaging import MEAN, GradAverage
 from .bucketed import GradBuckets
+from .cast import CastBack, in_dtype
 from .collectives import (
     ReduceOp,
     all_gather,
@@ -51,6 +52,8 @@ from .sharded import (
 from .topology import PipeDataParallelTopology, PipeModelDataParallelTopology, ProcessTopology
 
 __all__ = [
+    "CastBack",
+    "in_dtype",
     "waits",
     "NodeGroups",
     "node_groups",

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from .averaging import MEAN, GradAverage
+from .cast import in_dtype
 from .checked import dist
 from .hierarchical import HierarchicalWork, NodeGroups, advance
 from .layout import resolve
@@ -33,8 +34,10 @@ class GradBuckets:
         group: Any = None,
         averaging: GradAverage = MEAN,
         hierarchy: NodeGroups | None = None,
+        comm_dtype: torch.dtype | None = None,
     ) -> None:
         self.group, self.world = resolve(group)  # an AxisGroup: the data-parallel one
+        self.comm_dtype = comm_dtype  # [Note: communication dtype]; None: the buckets' own
         # set: each bucket's sum by node ([Note: hierarchical all-reduce])
         self.hierarchy = hierarchy
         factors = averaging.factors(self.world) if self.world > 1 else (1.0, 1.0)
@@ -91,12 +94,12 @@ class GradBuckets:
         if self.world > 1:
             if self.before != 1:
                 self.buffers[b].mul_(self.before)
-            if self.hierarchy is not None:
-                self._works.append(HierarchicalWork(self.buffers[b], self.hierarchy))
+            hierarchy = self.hierarchy
+            if hierarchy is not None:
+                launch: Any = lambda t: HierarchicalWork(t, hierarchy)  # noqa: E731
             else:
-                self._works.append(
-                    dist.all_reduce(self.buffers[b], group=self.group, async_op=True)
-                )
+                launch = lambda t: dist.all_reduce(t, group=self.group, async_op=True)  # noqa: E731
+            self._works.append(in_dtype(self.buffers[b], self.comm_dtype, launch))
 
     def wait(self) -> None:
         """Finish every bucket (launching those whose params got no gradient this step)."""

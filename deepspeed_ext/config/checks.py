@@ -160,6 +160,12 @@ def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
                     f"gradient_compression.{key} applies to algorithm 'topk' (the (index, value) "
                     f"pairs), not '{gc.algorithm}'; set algorithm to 'topk' or remove {key}"
                 )
+    if cfg.communication_data_type not in (None, cfg.data_types.grad_accum_dtype or "fp32"):
+        out.append(
+            "gradient_compression sends its own codes (signs, scales, indices), not gradients "
+            f"in a dtype: communication_data_type {cfg.communication_data_type!r} does not "
+            "apply; remove it"
+        )
     if (
         cfg.gradient_allreduce_op == "sum"
         or cfg.prescale_gradients

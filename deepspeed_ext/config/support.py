@@ -91,11 +91,6 @@ REFUSED: dict[str, Rule] = {
     "sequence_parallel_size": Rule(_SP, allowed=(1,)),
     "use_data_before_expert_parallelism": Rule(f"expert parallelism (MoE) {_UNBUILT}"),
     "disable_allgather": Rule(f"replacing the all-gather by broadcasts {_UNBUILT}"),
-    "communication_data_type": Rule(
-        "reducing gradients in another dtype than they accumulate in (data_types."
-        "grad_accum_dtype, fp32 unless set) is not built yet; set the two alike",
-        when=lambda cfg: cfg.communication_data_type != (cfg.data_types.grad_accum_dtype or "fp32"),
-    ),
     "fp16.auto_cast": Rule("casting inputs to fp16 is not built yet; cast them in the model"),
     "fp16.fp16_master_weights_and_grads": Rule(f"fp16 master weights {_UNBUILT}"),
     "bf16.bf16_master_weights_and_grads": Rule(f"bf16 master weights {_UNBUILT}"),

@@ -39,6 +39,7 @@ class DataParallelStrategy:
             ctx.averaging,
             ctx.grad_exchange,
             ctx.hierarchy,
+            ctx.comm_dtype,
         )
         trainable = [
             dict(g, params=[p for p in g["params"] if p.requires_grad]) for g in ctx.model_groups

@@ -128,6 +128,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
                 data=self.layout.data,
                 global_rank=self.rank,
                 zero=config.zero_optimization,
+                comm_dtype=self._comm_dtype(accum),
                 aio=aio_settings(config.aio),
                 is_boundary=self.is_gradient_accumulation_boundary,
                 averaging=comm.GradAverage.from_config(config),
@@ -197,6 +198,15 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         if name:
             return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
         return torch.float32 if any(p.dtype != torch.float32 for p in params) else params[0].dtype
+
+    def _comm_dtype(self, accum: torch.dtype) -> torch.dtype | None:
+        """communication_data_type's dtype where it differs from the accumulation dtype
+        ([Note: communication dtype])."""
+        name = self.config.communication_data_type
+        if name is None:
+            return None
+        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
+        return None if dtype == accum else dtype
 
     def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:
         return reduce_bucket_numel(

@@ -32,6 +32,7 @@ class GradAccumulator:
         averaging: GradAverage = MEAN,
         exchange: Callable[[list[torch.Tensor]], None] | None = None,
         hierarchy: Any = None,
+        comm_dtype: torch.dtype | None = None,
     ) -> None:
         self.params = [p for p in params if p.requires_grad]
         self.buckets = GradBuckets(
@@ -41,6 +42,7 @@ class GradAccumulator:
             group=group,
             averaging=averaging,
             hierarchy=hierarchy,
+            comm_dtype=comm_dtype,
         )
         self.reduce_now = False  # set by the engine before a boundary micro-step's backward
         self.begun = False  # begin() ran for the backward under way

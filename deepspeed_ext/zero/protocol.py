@@ -54,6 +54,8 @@ class StrategyContext:
     # stage 0: each gradient bucket's sum by node (comm.NodeGroups; [Note: hierarchical
     # all-reduce]), None: one flat all-reduce
     hierarchy: Any = None
+    # the dtype gradients are reduced in ([Note: communication dtype]); None: accum_dtype
+    comm_dtype: torch.dtype | None = None
 
 
 def offloaded(ctx: StrategyContext) -> bool:

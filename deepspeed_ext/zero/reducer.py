@@ -23,7 +23,13 @@ from typing import Any
 import torch
 
 from deepspeed_ext.accelerator import get_accelerator, strict
-from deepspeed_ext.comm import MEAN, AxisGroup, GradAverage, reduce_scatter_bucket
+from deepspeed_ext.comm import (
+    MEAN,
+    AxisGroup,
+    GradAverage,
+    in_dtype,
+    reduce_scatter_bucket,
+)
 
 from .backward_end import EndOfBackward
 from .sharded_group import ShardedGroup
@@ -43,8 +49,10 @@ class ShardedReducer:
         exchange: Any = None,
         overlap: bool = True,
         scatter: Callable[..., Any] = reduce_scatter_bucket,
+        comm_dtype: torch.dtype | None = None,
     ) -> None:
         self.dp = group  # data-parallel
+        self.comm_dtype = comm_dtype  # [Note: communication dtype]; None: accum_dtype
         self.exchange = exchange
         # [Note: ZeRO communication keys]: overlap_comm false waits for each bucket's
         # reduction before the backward goes on; reduce_scatter false all-reduces buckets
@@ -158,7 +166,10 @@ class ShardedReducer:
         else:
             if self.before != 1:
                 buf.mul_(self.before)
-            work = self.scatter(out, buf, group=self.dp)
+            own = lambda t: self._own(t, grp)  # noqa: E731 - this rank's chunk of a bucket
+            work = in_dtype(
+                buf, self.comm_dtype, lambda t: self.scatter(own(t), t, group=self.dp), own
+            )
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
             self.buffers.pop(i, None)  # the in-flight entry keeps it alive until reduced

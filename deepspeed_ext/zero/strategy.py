@@ -61,6 +61,7 @@ class ZeroStrategy:
             exchange=ctx.grad_exchange,
             overlap=reduce_opts.overlap,
             scatter=reduce_opts.scatter,
+            comm_dtype=ctx.comm_dtype,
         )
         # [Note: ZeRO communication keys]: elements per all-gather, over all ranks
         self.allgather_numel = max(1, int(ctx.zero.allgather_bucket_size))

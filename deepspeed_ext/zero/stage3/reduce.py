@@ -73,12 +73,15 @@ class Stage3Reducer:
         max_in_flight: int = 2,
         averaging: GradAverage = MEAN,
         scatter: Any = reduce_scatter_bucket,
+        comm_dtype: torch.dtype | None = None,
     ) -> None:
         self.group = group  # data-parallel
         self.scatter = scatter  # [Note: ZeRO communication keys]
         self.world = group.size
         self.before, self.after = averaging.factors(self.world)
         self.accum_dtype = accum_dtype
+        # buckets are built in the dtype they are reduced in ([Note: communication dtype])
+        self.bucket_dtype = comm_dtype or accum_dtype
         self.bucket_numel = max(1, bucket_numel)
         self.max_in_flight = max_in_flight
         pin = grad_device.type == "cpu" and any(p.ds_device.type != "cpu" for p in params)
@@ -101,7 +104,7 @@ class Stage3Reducer:
         s = p.ds_shard_numel
         if s > self.cap:  # too big for a pooled bucket: a buffer of its own
             self._launch()
-            own = torch.empty(self.world * s, dtype=self.accum_dtype, device=grad.device)
+            own = torch.empty(self.world * s, dtype=self.bucket_dtype, device=grad.device)
             bucket = _Bucket(own, s, pooled=False)
             self._put(bucket, p, grad)
             self._launch_bucket(bucket)
@@ -125,7 +128,7 @@ class Stage3Reducer:
         if self.pool:
             return self.pool.pop()
         self.made += 1
-        return torch.empty(self.world * self.cap, dtype=self.accum_dtype, device=device)
+        return torch.empty(self.world * self.cap, dtype=self.bucket_dtype, device=device)
 
     def _launch(self) -> None:
         bucket, self.current = self.current, None

@@ -114,6 +114,7 @@ class Stage3Strategy:
             max_in_flight=1 if reduce_opts.overlap else 0,
             averaging=ctx.averaging,
             scatter=reduce_opts.scatter,
+            comm_dtype=ctx.comm_dtype,
         )
         self._grad_hooks = [
             p.register_post_accumulate_grad_hook(

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from tests.helpers.distributed import run_ranks
-from tests.unit.zero.zero_runs import train, train_with_comm_keys
+from tests.unit.zero.zero_runs import train, train_in_comm_dtype, train_with_comm_keys
 
 _refs: dict = {}
 
@@ -94,3 +94,18 @@ def test_communication_keys_change_how_not_what(stage):
         assert counts["all_gather"] > 4 * 3, counts
     default = run_ranks(train_with_comm_keys, 2, stage, {})[0]["counts"]
     assert default == {"all_reduce_bucket": 0, "all_gather": 0}, default
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_communication_data_type_reduces_gradients_in_that_dtype(stage):
+    """[Note: communication dtype]: bf16 buckets on the wire, fp32 accumulation around them;
+    the parameters follow the fp32-reduced run to bf16's rounding (2^-8 of each SGD update),
+    and differ from it."""
+    got = run_ranks(train_in_comm_dtype, 2, stage, "bf16")
+    plain = run_ranks(train_in_comm_dtype, 2, stage, None)[0]
+    bucket_elems = sum(p.numel() for p in plain["params"].values())
+    # 4 steps, every gradient element reduced once a step (the frozen bias excepted)
+    assert got[0]["reduced"].get("bfloat16", 0) >= 4 * (bucket_elems - 64), got[0]["reduced"]
+    assert "bfloat16" not in plain["reduced"], plain["reduced"]
+    _assert_same(got, plain, atol=1e-4, rtol=1e-3)
+    assert any(not torch.equal(p, plain["params"][n]) for n, p in got[0]["params"].items())

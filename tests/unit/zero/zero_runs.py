@@ -167,3 +167,31 @@ def train_with_comm_keys(stage: int, keys: dict[str, Any]) -> dict:
     extra = {"zero_optimization": {"stage": stage, "reduce_bucket_size": 500, **keys}}
     out = train(stage, 4, 2, extra)
     return {**out, "counts": counts}
+
+
+def train_in_comm_dtype(stage: int, dtype: str | None) -> dict:
+    """train() with communication_data_type ([Note: communication dtype]), adding up the
+    elements all-reduced per dtype (on gloo every gradient reduction is an all-reduce)."""
+    import collections
+
+    import torch.distributed as td
+
+    reduced: collections.Counter[str] = collections.Counter()
+    real = td.all_reduce
+
+    def all_reduce(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduced[str(t.dtype).removeprefix("torch.")] += t.numel()
+        return real(t, *args, **kwargs)
+
+    td.all_reduce = all_reduce
+    extra: dict[str, Any] = {
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
+        # plain SGD: each update is the reduced gradient itself (Adam would amplify the
+        # rounding of tiny gradients into full-size steps)
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
+    if dtype is not None:
+        extra["communication_data_type"] = dtype
+    out = train(stage, 4, 2, extra)
+    return {**out, "reduced": dict(reduced)}

@@ -67,6 +67,7 @@ def test_every_algorithm_under_zero_learns_like_fp32_and_resumes_exactly(tmp_pat
         ({"gradient_predivide_factor": 2.0}, "gradient_predivide_factor do not apply"),
         ({"fp16": {"enabled": True}}, "gradient_compression with fp16: the loss scaler skips"),
         ({"optimizer": {"type": "OneBitAdam"}}, "already exchanges compressed momentum"),
+        ({"communication_data_type": "fp16"}, "communication_data_type 'fp16' does not apply"),
     ],
 )
 def test_combinations_that_cannot_work_are_refused(extra: dict, message: str) -> None:
