@@ -79,7 +79,7 @@ def say(message: str) -> None:
     print(f"deepspeed: {message}", file=sys.stderr, flush=True)
 
 
-class _Stopper:
+class StopSignals:
     """Turns SIGINT/SIGTERM/SIGHUP into a flag the watch loop reads; one more while we are
     already stopping hurries the teardown (no grace before SIGKILL)."""
 
@@ -95,7 +95,7 @@ class _Stopper:
         if self.signum is None:
             self.signum = signum
 
-    def __enter__(self) -> _Stopper:
+    def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
             for sig in _STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._on_signal)
@@ -130,7 +130,7 @@ def teardown(
 
 
 def _watch(
-    ranks: Sequence[RankProcess], stopper: _Stopper, control: ControlClient | None
+    ranks: Sequence[RankProcess], stopper: StopSignals, control: ControlClient | None
 ) -> RankProcess | None:
     """Until all ranks end, one fails (returned), a stop signal comes, or the job's runner
     says stop (or is lost)."""
@@ -206,7 +206,7 @@ def launch_node(
     many = plan.world_size > 1  # one rank: its stderr passes through unmarked
     ranks: list[RankProcess] = []
     stamp_dir = tempfile.TemporaryDirectory(prefix="deepspeed_exit_")
-    with stamp_dir as stamps, _Stopper() as stopper:
+    with stamp_dir as stamps, StopSignals() as stopper:
         try:
             for local_rank in range(plan.local_size):
                 rank = plan.global_rank(local_rank)

@@ -24,8 +24,8 @@ from typing import Any
 
 from .control import ControlServer, Event
 from .env import encode_world_info
-from .launch import KILL_GRACE_S, POLL_S, _Stopper, say
-from .multinode_runner import RUNNERS, MultiNodeRunner, PDSHRunner, _MPIRunner
+from .launch import KILL_GRACE_S, POLL_S, StopSignals, say
+from .multinode_runner import RUNNERS, MPIFamilyRunner, MultiNodeRunner, PDSHRunner
 
 # Variables whose names start with these go to every rank (upstream's list, plus NCCL and
 # gloo's, and ours: DS_ACCELERATOR, DS_EXT_*).
@@ -50,7 +50,7 @@ def make_runner(
     cls = RUNNERS[name]
     world_info = encode_world_info(active)
     try:
-        if issubclass(cls, _MPIRunner):
+        if issubclass(cls, MPIFamilyRunner):
             runner: MultiNodeRunner = cls(
                 args, world_info, pool or {h: len(s) for h, s in active.items()}
             )
@@ -190,7 +190,7 @@ def supervise(
             server.stop_all(reason)
             stop_by = time.monotonic() + STOP_WAIT_S
 
-    with _Stopper() as stopper:
+    with StopSignals() as stopper:
         while proc.poll() is None:
             try:
                 job.on(server.events.get(timeout=POLL_S))
@@ -237,7 +237,7 @@ def supervise(
 def run_backend(proc_cmd: list[str], env: Mapping[str, str]) -> int:
     """An MPI launcher or srun: it stops its ranks itself; we pass on our stop signals."""
     proc = subprocess.Popen(proc_cmd, env=dict(env), start_new_session=True)
-    with _Stopper() as stopper:
+    with StopSignals() as stopper:
         forwarded = 0
         while proc.poll() is None:
             time.sleep(POLL_S)

@@ -147,7 +147,7 @@ def _valid_name(key: str) -> bool:
     return re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key) is not None
 
 
-class _MPIRunner(MultiNodeRunner):
+class MPIFamilyRunner(MultiNodeRunner):
     """Backends where the MPI launcher starts every rank itself."""
 
     def __init__(
@@ -180,7 +180,7 @@ class _MPIRunner(MultiNodeRunner):
         return {"OMP_NUM_THREADS": str(threads)}
 
 
-class OpenMPIRunner(_MPIRunner):
+class OpenMPIRunner(MPIFamilyRunner):
     tool = "ompi_info"
     install_hint = "apt-get install openmpi-bin"
 
@@ -202,7 +202,7 @@ class OpenMPIRunner(_MPIRunner):
         return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
 
 
-class MPICHRunner(_MPIRunner):
+class MPICHRunner(MPIFamilyRunner):
     tool = "mpirun"
     install_hint = "apt-get install mpich"
 
@@ -225,7 +225,7 @@ class MPICHRunner(_MPIRunner):
         return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
 
 
-class IMPIRunner(_MPIRunner):
+class IMPIRunner(MPIFamilyRunner):
     tool = "mpirun"
     install_hint = "install Intel MPI and source its vars.sh"
 
@@ -262,7 +262,7 @@ class IMPIRunner(_MPIRunner):
         return cmd
 
 
-class MVAPICHRunner(_MPIRunner):
+class MVAPICHRunner(MPIFamilyRunner):
     tool = "mpiname"
     install_hint = "install MVAPICH2 (mpiname on PATH)"
     # as upstream: no CMA (missing on many kernels), backtraces on failure, DL support
@@ -294,7 +294,7 @@ class MVAPICHRunner(_MPIRunner):
         return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
 
 
-class SlurmRunner(_MPIRunner):
+class SlurmRunner(MPIFamilyRunner):
     tool = "srun"
     install_hint = "run inside a Slurm allocation (srun on PATH)"
 
