@@ -33,6 +33,7 @@ class MultiNodeRunner(ABC):
     """One backend. `exports` are variables every rank gets (the launcher's PYTHON*/NCCL*/...
     variables and .deepspeed_env), kept unquoted: each backend quotes them its own way."""
 
+    launcher = ""  # the --launcher value
     tool = ""  # the executable whose presence means the backend is installed
     install_hint = ""
 
@@ -45,7 +46,7 @@ class MultiNodeRunner(ABC):
 
     @property
     def name(self) -> str:
-        return self.__class__.__name__
+        return self.launcher or self.__class__.__name__
 
     def backend_exists(self) -> bool:
         return shutil.which(self.tool) is not None
@@ -81,9 +82,7 @@ class PDSHRunner(MultiNodeRunner):
     install_hint = "apt-get install pdsh (and passwordless ssh to every host)"
     control = ""  # the runner's control address, set before get_cmd
 
-    @property
-    def name(self) -> str:
-        return "pdsh"
+    launcher = "pdsh"
 
     def _remote(self, arg: str) -> str:
         """One word of the remote shell command: quoted, and `%` kept from pdsh's substitution."""
@@ -184,9 +183,7 @@ class OpenMPIRunner(MPIFamilyRunner):
     tool = "ompi_info"
     install_hint = "apt-get install openmpi-bin"
 
-    @property
-    def name(self) -> str:
-        return "openmpi"
+    launcher = "openmpi"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
@@ -206,9 +203,7 @@ class MPICHRunner(MPIFamilyRunner):
     tool = "mpirun"
     install_hint = "apt-get install mpich"
 
-    @property
-    def name(self) -> str:
-        return "mpich"
+    launcher = "mpich"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
@@ -229,9 +224,7 @@ class IMPIRunner(MPIFamilyRunner):
     tool = "mpirun"
     install_hint = "install Intel MPI and source its vars.sh"
 
-    @property
-    def name(self) -> str:
-        return "impi"
+    launcher = "impi"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
@@ -275,9 +268,7 @@ class MVAPICHRunner(MPIFamilyRunner):
         "MV2_CUDA_USE_NAIVE": "0",
     }
 
-    @property
-    def name(self) -> str:
-        return "mvapich"
+    launcher = "mvapich"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
@@ -298,9 +289,7 @@ class SlurmRunner(MPIFamilyRunner):
     tool = "srun"
     install_hint = "run inside a Slurm allocation (srun on PATH)"
 
-    @property
-    def name(self) -> str:
-        return "slurm"
+    launcher = "slurm"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
