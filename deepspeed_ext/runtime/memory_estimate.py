@@ -1,0 +1,124 @@
+"""A whole job's memory per rank before it runs: model states + activations + the buffers the
+runtime keeps in flight, from the model and the DeepSpeed config.
+
+[Note: whole-job memory estimate]
+  model states   zero_model_state_memory ([Note: model-state memory]) without stage 3's
+                 gathered window, which the buffers below model as this runtime runs it
+  activations    what autograd saves in one forward of a micro-batch (activation_bytes()
+                 measures it on a sample batch; the caller may pass its own figure)
+  buffers        stage 2: the reduce buckets alive at once (the one filling + 2 in flight);
+                 stage 3: the larger of the gathered parameters (stage3_prefetch_bucket_size
+                 + stage3_max_live_parameters, at most the model) and the gradient bucket pool
+                 (the one filling + 1 in flight), plus the largest parameter's full gradient
+                 (alive until its hook copies it into a bucket) and the parameters kept whole
+                 (at most stage3_param_persistence_threshold elements each). Gathered
+                 parameters and filled buckets trade places during backward (a module's
+                 parameters are released as its gradients land), so their larger one counts.
+                 Stages 0 and 1 reduce in their full-size gradient buffers: nothing more.
+Not counted: the process itself (interpreter, torch and its optimizer machinery: about 100
+MB of host memory per rank on torch 2.13, whatever the model), the model built whole before
+partitioning (4 bytes a parameter for a moment, unless built under zero.Init), and memory
+the allocator keeps after frees (glibc keeps freed heap memory; MALLOC_MMAP_THRESHOLD_=131072
+returns it). bench/zero3_step.py and tests/unit/runtime/test_memory_estimate.py compare
+it with measured peaks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from deepspeed_ext.config import DeepSpeedConfig, parse
+from deepspeed_ext.zero.estimate import model_to_params, zero_model_state_memory
+
+from .strategy_factory import reduce_bucket_numel
+
+MB = 1 << 20
+_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+@dataclass(frozen=True)
+class JobMemory:
+    """Per-rank bytes on the training device (host bytes when offloaded are `host`)."""
+
+    model_states: int
+    activations: int
+    buffers: int
+    host: int
+
+    @property
+    def total(self) -> int:
+        return self.model_states + self.activations + self.buffers
+
+    def table(self) -> str:
+        rows = [
+            ("model states", self.model_states),
+            ("activations", self.activations),
+            ("buffers", self.buffers),
+            ("total", self.total),
+        ]
+        out = [f"{name:<14} {b / MB:10.1f} MB" for name, b in rows]
+        if self.host:
+            out.append(f"{'host (offload)':<14} {self.host / MB:10.1f} MB")
+        return "\n".join(out)
+
+
+def activation_bytes(model: nn.Module, *inputs: Any) -> int:
+    """Bytes autograd saves for backward in one forward of `model` on `inputs` (each
+    storage once; parameters, which are model states, not counted)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(*inputs)
+    del out
+    return sum(seen.values())
+
+
+def estimate_job_memory(
+    model: nn.Module, config: Any, world_size: int, activations: int
+) -> JobMemory:
+    """[Note: whole-job memory estimate] for `model` trained with `config` (a dict, path or
+    DeepSpeedConfig) on `world_size` data-parallel ranks, `activations` bytes a micro-batch."""
+    cfg = config if isinstance(config, DeepSpeedConfig) else parse(config)
+    zero = cfg.zero_optimization
+    stage = int(zero.stage)
+    psi, _ = model_to_params(model)
+    params = list(model.parameters())
+    p_bytes = 2 if cfg.fp16.enabled or cfg.bf16.enabled else 4
+    g_bytes = _BYTES[str(cfg.data_types.grad_accum_dtype or "fp32")]
+    c_bytes = _BYTES[str(cfg.communication_data_type)] if cfg.communication_data_type else g_bytes
+    off_opt = str(getattr(zero.offload_optimizer, "device", "none") or "none") != "none"
+    off_param = str(getattr(zero.offload_param, "device", "none") or "none") != "none"
+    states = zero_model_state_memory(
+        psi,
+        world_size,
+        stage,
+        param_bytes=p_bytes,
+        grad_bytes=g_bytes,
+        offload_optimizer=off_opt,
+        offload_param=off_param and stage == 3,
+    )
+    bucket = min(reduce_bucket_numel(zero, stage, params, g_bytes), psi)
+    buffers = 0
+    if stage == 2:
+        buffers = min(3 * bucket, psi) * c_bytes
+    elif stage == 3:
+        gathered = min(
+            psi, int(zero.stage3_prefetch_bucket_size) + int(zero.stage3_max_live_parameters)
+        )
+        pool = min(2, -(-psi // max(1, bucket))) * bucket * c_bytes
+        largest = max((p.numel() for p in params), default=0)
+        threshold = int(zero.stage3_param_persistence_threshold)
+        kept = sum(p.numel() for p in params if p.numel() <= threshold)
+        buffers = max(gathered * p_bytes, pool) + largest * g_bytes + kept * p_bytes
+    return JobMemory(states.device, int(activations), int(buffers), states.host)
