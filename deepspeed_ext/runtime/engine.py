@@ -110,6 +110,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
 
         params = [p for p in self.module.parameters()]
         accum = self._accum_dtype(params)
+        self._reduce_dtype = self._comm_dtype(accum) or accum  # engine.communication_data_type
         elem = torch.tensor([], dtype=accum).element_size()
         model_groups = self._model_param_groups(optimizer, model_parameters)
         bucket = self._bucket_numel(params, elem)

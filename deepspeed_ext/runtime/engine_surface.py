@@ -191,5 +191,19 @@ class EngineSurface:
     def is_compiled(self) -> bool:
         return self._is_compiled
 
+    @property
+    def communication_data_type(self) -> torch.dtype:
+        """The dtype gradients are reduced in ([Note: communication dtype]): the config's
+        communication_data_type, else the accumulation dtype (fp32 for a 16-bit model: what
+        runs here, where upstream names the model's dtype)."""
+        return self._reduce_dtype  # type: ignore[attr-defined]
+
+    @communication_data_type.setter
+    def communication_data_type(self, value: Any) -> None:
+        raise AttributeError(
+            "engine.communication_data_type is fixed when the engine is built; set "
+            f"communication_data_type ({value!r}) in the DeepSpeed config instead"
+        )
+
 
 engine_config_queries.install(EngineSurface)

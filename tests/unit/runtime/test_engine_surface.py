@@ -52,6 +52,13 @@ def surface() -> dict[str, Any]:
         engine.postscale_gradients(),
         engine.get_mom(),
     )
+    try:
+        engine.communication_data_type = torch.float16
+        setter = "accepted"
+    except AttributeError as e:
+        setter = str(e)
+    in_bf16 = _engine({"communication_data_type": "bf16"}).communication_data_type
+    out["comm dtype"] = (engine.communication_data_type, in_bf16, setter)
     out["queries"] = (
         engine.gradient_clipping(),
         engine.steps_per_print(),
@@ -164,7 +171,6 @@ NOT_YET = {
     "buffered_allreduce_fallback",
     "clip_fp32_gradients",
     "coalesce_grad_reduction",
-    "communication_data_type",
     "compile_autosp",
     "compile_autotp",
     "compile_zero_optimization_stage",
@@ -217,6 +223,12 @@ def test_upstream_engine_methods_present():
         f"newly missing: {sorted(missing - NOT_YET)}; now present: {sorted(NOT_YET - missing)}"
     )
     assert len(names) - len(missing) >= 150
+
+
+def test_communication_data_type_reports_what_runs(res: dict[str, Any]):
+    plain, in_bf16, setter = res["comm dtype"]
+    assert (plain, in_bf16) == (torch.float32, torch.bfloat16)
+    assert "set communication_data_type (torch.float16) in the DeepSpeed config" in setter
 
 
 def test_config_queries_read_the_effective_config(res: dict[str, Any]):
