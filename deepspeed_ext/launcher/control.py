@@ -33,9 +33,13 @@ LOST_S = 10.0  # silence after which either side counts the other as gone
 CONNECT_S = 30.0  # how long a node keeps trying to reach the runner
 
 
+_SEND_LOCK = threading.Lock()  # pings and reports from two threads: whole lines, never mixed
+
+
 def _send(sock: socket.socket, message: dict[str, Any]) -> bool:
     try:
-        sock.sendall((json.dumps(message) + "\n").encode())
+        with _SEND_LOCK:
+            sock.sendall((json.dumps(message) + "\n").encode())
     except OSError:
         return False
     return True
