@@ -129,23 +129,14 @@ def parse_args() -> argparse.Namespace:
 def activation_bytes(args: argparse.Namespace) -> int:
     """Bytes autograd saves for backward in one forward of the model (fp32, one rank's
     micro-batch), parameters excluded, each storage counted once."""
+    from deepspeed_ext.runtime.memory_estimate import activation_bytes as saved_in_forward
+
     m = args.model
     GPT, GPTConfig = _load_gpt()
     torch.manual_seed(0)
     model = GPT(GPTConfig(m["vocab"], m["seq"], m["n_layer"], m["n_head"], m["d_model"]))
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in weights:
-            saved[s.data_ptr()] = s.nbytes()
-        return t
-
     x = torch.randint(0, m["vocab"], (args.micro_batch, m["seq"]))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(x, x)
-    return sum(saved.values())
+    return saved_in_forward(model, x, x)
 
 
 def max_above_base(e: dict[str, Any], key: str = "peak_rss_steady_bytes") -> float:

@@ -26,6 +26,7 @@ from .control import ControlServer, Event
 from .env import encode_world_info
 from .launch import KILL_GRACE_S, POLL_S, StopSignals, say
 from .multinode_runner import RUNNERS, MPIFamilyRunner, MultiNodeRunner, PDSHRunner
+from .procs import signal_group
 
 # Variables whose names start with these go to every rank (upstream's list, plus NCCL and
 # gloo's, and ours: DS_ACCELERATOR, DS_EXT_*).
@@ -118,13 +119,6 @@ def check_hosts(hosts: Sequence[str], options: Sequence[str]) -> dict[str, list[
     return {h: out.split() for h, _, out, _ in results}
 
 
-def _stop_group(proc: subprocess.Popen[Any], sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 class _Job:
     """What the runner knows of a pdsh job, from the control events."""
 
@@ -213,7 +207,7 @@ def supervise(
                 stop(f"host(s) {', '.join(missing)} did not start")
             if stop_by is not None and (time.monotonic() > stop_by or stopper.hurry):
                 say("hosts did not stop in time; killing pdsh and the node launchers")
-                _stop_group(proc, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
                 if kill_cmd:
                     subprocess.run(kill_cmd, env=dict(env), capture_output=True, timeout=30)
                 break
@@ -242,11 +236,11 @@ def run_backend(proc_cmd: list[str], env: Mapping[str, str]) -> int:
         while proc.poll() is None:
             time.sleep(POLL_S)
             if stopper.signum is not None and forwarded == 0:
-                _stop_group(proc, signal.SIGINT)  # mpirun and srun stop their ranks on it
+                signal_group(proc.pid, signal.SIGINT)  # mpirun and srun stop their ranks on it
                 forwarded = 1
                 deadline = time.monotonic() + STOP_WAIT_S
             if forwarded and (time.monotonic() > deadline or stopper.hurry):
-                _stop_group(proc, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)
         rc = proc.wait()
     if stopper.signum is not None:
         return 128 + stopper.signum

@@ -63,6 +63,10 @@ class MultiNodeRunner(ABC):
             return []
         return [sys.executable, "-u", *(["-m"] if self.args.module else [])]
 
+    def script_cmd(self) -> list[str]:
+        """The rank's own command: interpreter (unless --no_python), script, its arguments."""
+        return self.python_exec() + [self.user_script, *self.user_arguments]
+
     def master_exports(self, world_size: int) -> dict[str, str]:
         return {
             "MASTER_ADDR": str(self.args.master_addr),
@@ -78,11 +82,10 @@ class MultiNodeRunner(ABC):
 
 
 class PDSHRunner(MultiNodeRunner):
+    launcher = "pdsh"
     tool = "pdsh"
     install_hint = "apt-get install pdsh (and passwordless ssh to every host)"
     control = ""  # the runner's control address, set before get_cmd
-
-    launcher = "pdsh"
 
     def _remote(self, arg: str) -> str:
         """One word of the remote shell command: quoted, and `%` kept from pdsh's substitution."""
@@ -153,14 +156,30 @@ class MPIFamilyRunner(MultiNodeRunner):
         self, args: argparse.Namespace, world_info_base64: str, resource_pool: Mapping[str, int]
     ) -> None:
         super().__init__(args, world_info_base64)
-        self.resource_pool = dict(resource_pool)
+        self.resource_pool = dict(resource_pool)  # upstream's signature; `active` is used
 
-    def per_node(self, active: Mapping[str, list[int]], what: str) -> int:
+    def per_node(self, active: Mapping[str, list[int]]) -> tuple[int, int]:
+        """(ranks per host, ranks in all) where every host runs as many; else ValueError."""
         counts = {len(s) for s in active.values()}
         if len(counts) != 1:
             shape = ", ".join(f"{h}: {len(s)}" for h, s in active.items())
-            raise ValueError(f"{what} needs the same number of ranks on every host ({shape})")
-        return counts.pop()
+            raise ValueError(
+                f"--launcher {self.launcher} needs the same number of ranks on every host ({shape})"
+            )
+        per_node = counts.pop()
+        return per_node, per_node * len(active)
+
+    def rank_env(
+        self, total: int, per_node: int, defaults: Mapping[str, str] | None = None
+    ) -> dict[str, str]:
+        """Every rank's variables: the backend's defaults, the exports (which win), rank 0's
+        address and the world size, and the thread count of --bind_cores_to_rank."""
+        return {
+            **(defaults or {}),
+            **self.exports,
+            **self.master_exports(total),
+            **self.bind_env(per_node),
+        }
 
     def hostfile(self, active: Mapping[str, list[int]], with_slots: bool = True) -> str:
         """A hostfile of exactly the active resources (so --include/--exclude apply)."""
@@ -180,10 +199,9 @@ class MPIFamilyRunner(MultiNodeRunner):
 
 
 class OpenMPIRunner(MPIFamilyRunner):
+    launcher = "openmpi"
     tool = "ompi_info"
     install_hint = "apt-get install openmpi-bin"
-
-    launcher = "openmpi"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
@@ -191,49 +209,41 @@ class OpenMPIRunner(MPIFamilyRunner):
         total = sum(len(s) for s in active_resources.values())
         cmd = ["mpirun", "-n", str(total), "-hostfile", self.hostfile(active_resources)]
         cmd += ["--mca", "btl", "^openib", *shlex.split(self.args.launcher_args)]
-        env = {**self.exports, "UCX_TLS": self.exports.get("UCX_TLS", "tcp")}
-        env.update(self.master_exports(total))
-        env.update(self.bind_env(max(len(s) for s in active_resources.values())))
-        for k, v in env.items():
+        per_node = max(len(s) for s in active_resources.values())
+        for k, v in self.rank_env(total, per_node, {"UCX_TLS": "tcp"}).items():
             cmd += ["-x", f"{k}={v}"]
-        return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
+        return cmd + self.script_cmd()
 
 
 class MPICHRunner(MPIFamilyRunner):
+    launcher = "mpich"
     tool = "mpirun"
     install_hint = "apt-get install mpich"
 
-    launcher = "mpich"
-
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
     ) -> list[str]:
-        per_node = self.per_node(active_resources, "--launcher mpich")
-        total = per_node * len(active_resources)
+        per_node, total = self.per_node(active_resources)
         cmd = ["mpirun", "-n", str(total), "-ppn", str(per_node)]
         cmd += shlex.split(self.args.launcher_args)
-        env = {**self.exports, **self.master_exports(total), "LOCAL_SIZE": str(per_node)}
-        env.update(self.bind_env(per_node))
+        env = {**self.rank_env(total, per_node), "LOCAL_SIZE": str(per_node)}
         for k, v in env.items():
             cmd += ["-genv", k, v]
         cmd += ["-hosts", ",".join(active_resources)]
-        return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
+        return cmd + self.script_cmd()
 
 
 class IMPIRunner(MPIFamilyRunner):
+    launcher = "impi"
     tool = "mpirun"
     install_hint = "install Intel MPI and source its vars.sh"
-
-    launcher = "impi"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
     ) -> list[str]:
-        per_node = self.per_node(active_resources, "--launcher impi")
-        total = per_node * len(active_resources)
+        per_node, total = self.per_node(active_resources)
         cmd = ["mpirun", "-ppn", str(per_node), *shlex.split(self.args.launcher_args)]
-        env = {**self.exports, **self.master_exports(total), "LOCAL_SIZE": str(per_node)}
-        env.update(self.bind_env(per_node))
+        env = {**self.rank_env(total, per_node), "LOCAL_SIZE": str(per_node)}
         env["I_MPI_PIN"] = "0"  # our binding (if any), not Intel MPI's
         for k, v in env.items():
             cmd += ["-genv", k, v]
@@ -251,11 +261,12 @@ class IMPIRunner(MPIFamilyRunner):
                 "LOCAL_RANK",
                 str(rank % per_node),
             ]
-            cmd += self.python_exec() + [self.user_script, *self.user_arguments]
+            cmd += self.script_cmd()
         return cmd
 
 
 class MVAPICHRunner(MPIFamilyRunner):
+    launcher = "mvapich"
     tool = "mpiname"
     install_hint = "install MVAPICH2 (mpiname on PATH)"
     # as upstream: no CMA (missing on many kernels), backtraces on failure, DL support
@@ -268,28 +279,22 @@ class MVAPICHRunner(MPIFamilyRunner):
         "MV2_CUDA_USE_NAIVE": "0",
     }
 
-    launcher = "mvapich"
-
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
     ) -> list[str]:
-        per_node = self.per_node(active_resources, "--launcher mvapich")
-        total = per_node * len(active_resources)
+        per_node, total = self.per_node(active_resources)
         hostfile = self.hostfile(active_resources, with_slots=False)
         cmd = ["mpirun", "-np", str(total), "-ppn", str(per_node), "--hostfile", hostfile]
         cmd += shlex.split(self.args.launcher_args)
-        env = {**self.DEFAULT_EXPORTS, **self.exports, **self.master_exports(total)}
-        env.update(self.bind_env(per_node))
-        for k, v in env.items():
+        for k, v in self.rank_env(total, per_node, self.DEFAULT_EXPORTS).items():
             cmd += ["-env", f"{k}={v}"]
-        return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
+        return cmd + self.script_cmd()
 
 
 class SlurmRunner(MPIFamilyRunner):
+    launcher = "slurm"
     tool = "srun"
     install_hint = "run inside a Slurm allocation (srun on PATH)"
-
-    launcher = "slurm"
 
     def get_cmd(
         self, environment: MutableMapping[str, str], active_resources: Mapping[str, list[int]]
@@ -307,12 +312,12 @@ class SlurmRunner(MPIFamilyRunner):
         comment = getattr(self.args, "slurm_comment", "")
         if comment:
             cmd += ["--comment", comment]
-        env = {**self.exports, **self.master_exports(total), **self.bind_env(max(counts))}
+        env = self.rank_env(total, max(counts))
         for k, v in env.items():
             if "," in v:  # srun splits --export at commas
                 raise ValueError(f"--launcher slurm cannot export {k}={v!r}: it contains a comma")
         cmd.append(",".join(["--export=ALL", *(f"{k}={v}" for k, v in env.items())]))
-        return cmd + self.python_exec() + [self.user_script, *self.user_arguments]
+        return cmd + self.script_cmd()
 
 
 RUNNERS: dict[str, type[MultiNodeRunner]] = {

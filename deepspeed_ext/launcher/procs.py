@@ -59,6 +59,14 @@ def live_groups(pgids: Iterable[int]) -> set[int]:
     return alive
 
 
+def signal_group(pgid: int, sig: int) -> None:
+    """Signal a whole process group; one already gone is no error."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 def _killpg_probe(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -176,10 +184,7 @@ class RankProcess:
         return self.proc.poll()
 
     def signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass  # the whole group is gone already
+        signal_group(self.pid, sig)
 
     def finish_output(self, timeout: float = 2.0) -> None:
         """Wait for the tee to drain what the rank wrote before it ended."""

@@ -40,7 +40,7 @@ from .engine_surface import EngineSurface
 from .lr_schedules import get_lr_scheduler
 from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
-from .precision import make_loss_scaler
+from .precision import config_dtype, make_loss_scaler
 from .precision.fp32_modules import compute_in_fp32
 from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
@@ -197,7 +197,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     def _accum_dtype(self, params: list[torch.nn.Parameter]) -> torch.dtype:
         name = getattr(getattr(self.config, "data_types", None), "grad_accum_dtype", None)
         if name:
-            return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
+            return config_dtype(name)
         return torch.float32 if any(p.dtype != torch.float32 for p in params) else params[0].dtype
 
     def _comm_dtype(self, accum: torch.dtype) -> torch.dtype | None:
@@ -206,7 +206,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         name = self.config.communication_data_type
         if name is None:
             return None
-        dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[str(name)]
+        dtype = config_dtype(name)
         return None if dtype == accum else dtype
 
     def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:

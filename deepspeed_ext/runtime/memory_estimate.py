@@ -34,10 +34,10 @@ from torch import nn
 from deepspeed_ext.config import DeepSpeedConfig, parse
 from deepspeed_ext.zero.estimate import model_to_params, zero_model_state_memory
 
+from .precision import config_dtype
 from .strategy_factory import reduce_bucket_numel
 
 MB = 1 << 20
-_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ def estimate_job_memory(
     psi, _ = model_to_params(model)
     params = list(model.parameters())
     p_bytes = 2 if cfg.fp16.enabled or cfg.bf16.enabled else 4
-    g_bytes = _BYTES[str(cfg.data_types.grad_accum_dtype or "fp32")]
-    c_bytes = _BYTES[str(cfg.communication_data_type)] if cfg.communication_data_type else g_bytes
+    g_bytes = config_dtype(cfg.data_types.grad_accum_dtype or "fp32").itemsize
+    comm = cfg.communication_data_type
+    c_bytes = config_dtype(comm).itemsize if comm else g_bytes
     off_opt = str(getattr(zero.offload_optimizer, "device", "none") or "none") != "none"
     off_param = str(getattr(zero.offload_param, "device", "none") or "none") != "none"
     states = zero_model_state_memory(
