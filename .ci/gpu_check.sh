@@ -64,6 +64,8 @@ if [ -z "${SKIP_BENCH:-}" ]; then
   step transformer_layer_bench python3 bench/transformer_layer.py --out "$OUT/transformer_layer_bert_base.json"
   step transformer_layer_bench_large python3 bench/transformer_layer.py --hidden 1024 --heads 16 \
     --batch 64 --out "$OUT/transformer_layer_bert_large.json"
+  step sparse_attention_gpu_bench timeout 300 python3 bench/sparse_attention_gpu.py \
+    --seqs ${SPARSE_SEQS:-16384} --blocks ${SPARSE_BLOCKS:-128 64} --out "$OUT/sparse_attention_gpu.json"
 fi
 step main_job timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --out /tmp/gpu-main
 step main_job_zero3_bf16 timeout 300 python3 examples/train_tiny_gpt.py --steps 200 --zero-stage 3 --bf16 --out /tmp/gpu-main3
