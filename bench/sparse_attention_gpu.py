@@ -49,8 +49,43 @@ def timed(step: Callable[[], None], iters: int, warmup: int = 3) -> tuple[float,
     return times[len(times) // 2], (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+def flex_block_mask(layout: torch.Tensor, block: int, seq: int) -> Any:
+    """The layout as FlexAttention's BlockMask, built from its tiles (128): a tile whose
+    layout blocks are all set is full, one with some set is partial (mask_mod decides each
+    element). create_block_mask would evaluate mask_mod at all seq^2 positions first, which
+    at 16k tokens and 16 heads needs tens of GB."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    tile = 128
+    r = max(1, tile // block)
+    heads, nb, _ = layout.shape
+    nt = nb // r
+    count = layout.reshape(heads, nt, r, nt, r).sum((2, 4))
+    full, partial = count == r * r, (count > 0) & (count < r * r)
+
+    def blocks(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num = sel.sum(-1).to(torch.int32)[None]
+        idx = torch.argsort((~sel).to(torch.int8), dim=-1, stable=True).to(torch.int32)[None]
+        return num, idx
+
+    def mask_mod(b, h, qi, ki):  # noqa: ANN001 - FlexAttention's signature
+        return layout[h, qi // block, ki // block] > 0
+
+    kv_num, kv_idx = blocks(partial)
+    full_num, full_idx = blocks(full)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=tile,
+        mask_mod=mask_mod,
+        seq_lengths=(seq, seq),
+    )
+
+
 def run_case(seq: int, block: int, sparsity: float, iters: int) -> dict[str, Any]:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
     from deepspeed_ext.ops.sparse_attention import (
         LocalSlidingWindowSparsityConfig,
@@ -72,11 +107,7 @@ def run_case(seq: int, block: int, sparsity: float, iters: int) -> dict[str, Any
     )
     grad = torch.randn_like(q)
 
-    def mask_mod(b, h, qi, ki):  # noqa: ANN001 - FlexAttention's signature
-        return layout[h, qi // block, ki // block] > 0
-
-    # FlexAttention's own tile (128): finer layouts become partial tiles that apply mask_mod
-    bm = create_block_mask(mask_mod, 1, HEADS, seq, seq, device="cuda", BLOCK_SIZE=128)
+    bm = flex_block_mask(layout, block, seq)
     flex = torch.compile(flex_attention, dynamic=False)
     dense_mask = None
     impls: dict[str, Callable[[], torch.Tensor]] = {

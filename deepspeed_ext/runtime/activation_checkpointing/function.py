@@ -187,7 +187,9 @@ def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 
 class _Recompute:
-    """The recompute context: the tracker's streams as at the forward. Re-enterable, because
+    """The recompute context: every random stream (CPU, device, tracker) as at the forward.
+    torch restores the device's stream only for devices among the inputs, which cpu_checkpointing
+    has moved to the host, so the snapshot is taken here. Re-enterable, because
     torch enters the one object at every recompute, and a split backward (zb-h1: input
     gradients first, weight gradients later) recomputes twice."""
 
@@ -197,9 +199,7 @@ class _Recompute:
 
     def __enter__(self) -> None:
         stack = contextlib.ExitStack()
-        tracker = rng.get_cuda_rng_tracker()
-        stack.callback(tracker.set_states, tracker.get_states())
-        tracker.set_states(dict(self.saved["tracked"]))
+        stack.enter_context(rng.replaying(self.saved["rng"]))
         stack.enter_context(_phase("recompute"))
         self.open.append(stack)
 
@@ -212,7 +212,7 @@ def _tracker_contexts() -> tuple[Any, Any]:
 
     @contextlib.contextmanager
     def forward() -> Iterator[None]:
-        saved["tracked"] = rng.get_cuda_rng_tracker().get_states()
+        saved["rng"] = rng.snapshot()
         with _phase("forward"):
             yield
 
