@@ -45,7 +45,7 @@ build() {
 }
 build_all() { # every CUDA op at once; fails when any build fails
   local pids=() rc=0 op pid
-  for op in fused_adam fused_lamb packbits_cuda transformer_cuda; do
+  for op in fused_adam fused_lamb packbits_cuda transformer_cuda sparse_attention_cuda; do
     build "$op" &
     pids+=($!)
   done

@@ -36,12 +36,14 @@ def _register_cuda_ops() -> None:
         from .fused_adam import FusedAdamBuilder
         from .fused_lamb import FusedLambBuilder
         from .packbits_cuda import PackBitsCudaBuilder
+        from .sparse_attention_cuda import SparseAttnCudaBuilder
         from .transformer_cuda import TransformerCudaBuilder
     except ImportError:  # pragma: no cover - files land with the CUDA ops
         return
     register(FusedAdamBuilder)
     register(FusedLambBuilder)
     register(PackBitsCudaBuilder)
+    register(SparseAttnCudaBuilder)
     register(TransformerCudaBuilder)
 
 

@@ -6,4 +6,4 @@ from .builder import CPUOpBuilder
 class SparseAttnBuilder(CPUOpBuilder):
     NAME = "sparse_attention"
     SOURCES = ("sparse_attention/sparse_attention_core.cpp", "bindings/sparse_attention.cpp")
-    INCLUDES = ("includes", ".")
+    INCLUDES = ("includes", ".", "bindings")

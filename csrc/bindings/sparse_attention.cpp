@@ -11,25 +11,14 @@
 #include <optional>
 
 #include "sparse_attention/sparse_attention.h"
+#include "sparse_attention_checks.h"
 
 namespace {
 
+using namespace ds_bind_sa;  // NOLINT: the checks shared with the CUDA binding
 using ds::BlockLut;
-using ds::DenseView;
-using ds::DType;
 
-DType dtype_of(const at::Tensor& t) {
-  if (t.scalar_type() == at::kBFloat16) return DType::kBFloat16;
-  if (t.scalar_type() == at::kHalf) return DType::kFloat16;
-  return DType::kFloat32;
-}
-
-void check_float(const char* op, const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.defined() && t.device().is_cpu(), op, ": ", name, " must be a CPU tensor");
-  const auto st = t.scalar_type();
-  TORCH_CHECK(st == at::kFloat || st == at::kBFloat16 || st == at::kHalf, op, ": ", name,
-              " has dtype ", st, "; expected float32, bfloat16 or float16");
-}
+constexpr at::DeviceType kDev = at::kCPU;
 
 // The look-up table, one int32 tensor: [nnz, heads, nb, block, blocks (3 nnz), row_ptr
 // (heads nb + 1), row_idx (nnz), col_ptr (heads nb + 1), col_idx (nnz)].
@@ -67,29 +56,6 @@ BlockLut parse_lut(const char* op, const at::Tensor& lut) {
   return L;
 }
 
-// A dense [batch, heads, rows, cols] operand read as [rows, cols] (trans: [cols, rows]).
-DenseView view_of(const char* op, const at::Tensor& t, const char* name, bool trans,
-                  const BlockLut& L, int64_t batch, const at::Tensor& like) {
-  check_float(op, t, name);
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), op, ": ", name, " has dtype ", t.scalar_type(),
-              " but the other operand has ", like.scalar_type());
-  TORCH_CHECK(t.dim() == 4 && t.size(0) == batch && t.size(1) == L.heads, op, ": ", name,
-              " has shape ", t.sizes(), "; expected [", batch, ", ", L.heads, ", rows, cols]");
-  return DenseView{t.const_data_ptr(), t.stride(0), t.stride(1), trans ? t.stride(3) : t.stride(2),
-                   trans ? t.stride(2) : t.stride(3)};
-}
-
-int64_t rows(const at::Tensor& t, bool trans) { return t.size(trans ? 3 : 2); }
-int64_t cols(const at::Tensor& t, bool trans) { return t.size(trans ? 2 : 3); }
-
-void check_sparse(const char* op, const at::Tensor& s, const char* name, const BlockLut& L) {
-  check_float(op, s, name);
-  TORCH_CHECK(s.is_contiguous() && s.dim() == 4 && s.size(1) == L.nnz && s.size(2) == L.block &&
-                  s.size(3) == L.block,
-              op, ": ", name, " has shape ", s.sizes(), "; expected a contiguous [batch, ", L.nnz,
-              ", ", L.block, ", ", L.block, "] block-sparse tensor of this layout");
-}
-
 at::Tensor sdd(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool trans_b,
                const at::Tensor& lut, int64_t nnz, int64_t block) {
   constexpr const char* op = "sparse_attention.sdd";
@@ -99,8 +65,8 @@ at::Tensor sdd(const at::Tensor& a, bool trans_a, const at::Tensor& b, bool tran
   TORCH_CHECK(nnz == L.nnz && block == L.block, op, ": nnz=", nnz, " and block=", block,
               " disagree with the lut's ", L.nnz, " and ", L.block);
   const int64_t batch = a.dim() == 4 ? a.size(0) : -1;
-  const DenseView A = view_of(op, a, "a", trans_a, L, batch, a);
-  const DenseView B = view_of(op, b, "b", trans_b, L, batch, a);
+  const DenseView A = view_of(op, a, "a", trans_a, L.heads, batch, a);
+  const DenseView B = view_of(op, b, "b", trans_b, L.heads, batch, a);
   const int64_t side = L.nb * L.block, k = cols(a, trans_a);
   TORCH_CHECK(rows(a, trans_a) == side && cols(b, trans_b) == side && rows(b, trans_b) == k, op,
               ": a is [", rows(a, trans_a), ", ", k, "] and b [", rows(b, trans_b), ", ",
@@ -117,8 +83,8 @@ at::Tensor dsd(const at::Tensor& s, bool trans_s, const at::Tensor& b, bool tran
                const at::Tensor& lut) {
   constexpr const char* op = "sparse_attention.dsd";
   const BlockLut L = parse_lut(op, lut);
-  check_sparse(op, s, "a", L);
-  const DenseView B = view_of(op, b, "b", trans_b, L, s.size(0), s);
+  check_sparse(op, s, "a", L.nnz, L.block, kDev);
+  const DenseView B = view_of(op, b, "b", trans_b, L.heads, s.size(0), s);
   const int64_t side = L.nb * L.block, n = cols(b, trans_b);
   TORCH_CHECK(rows(b, trans_b) == side, op, ": b has ", rows(b, trans_b),
               " rows (after its transpose); the layout needs ", side);
@@ -133,8 +99,8 @@ at::Tensor dds(const at::Tensor& a, bool trans_a, const at::Tensor& s, bool tran
                const at::Tensor& lut) {
   constexpr const char* op = "sparse_attention.dds";
   const BlockLut L = parse_lut(op, lut);
-  check_sparse(op, s, "b", L);
-  const DenseView A = view_of(op, a, "a", trans_a, L, s.size(0), s);
+  check_sparse(op, s, "b", L.nnz, L.block, kDev);
+  const DenseView A = view_of(op, a, "a", trans_a, L.heads, s.size(0), s);
   const int64_t side = L.nb * L.block, m = rows(a, trans_a);
   TORCH_CHECK(cols(a, trans_a) == side, op, ": a has ", cols(a, trans_a),
               " columns (after its transpose); the layout needs ", side);
@@ -145,46 +111,14 @@ at::Tensor dds(const at::Tensor& a, bool trans_a, const at::Tensor& s, bool tran
   return out;
 }
 
-const float* term(const char* op, const std::optional<at::Tensor>& t, const char* name,
-                  int64_t dims) {
-  if (!t.has_value()) return nullptr;
-  TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat && t->dim() == dims &&
-                  t->stride(dims - 1) == 1,
-              op, ": ", name, " must be a float32 CPU tensor of ", dims,
-              " dimensions with a contiguous last one, got ", t->sizes(), " ", t->scalar_type());
-  return t->const_data_ptr<float>();
-}
-
 at::Tensor softmax_fwd(const at::Tensor& x, double scale, const std::optional<at::Tensor>& rpe,
                        const std::optional<at::Tensor>& kp, const std::optional<at::Tensor>& attn,
                        const at::Tensor& lut) {
   constexpr const char* op = "sparse_attention.softmax_fwd";
   const BlockLut L = parse_lut(op, lut);
-  check_sparse(op, x, "x", L);
+  check_sparse(op, x, "x", L.nnz, L.block, kDev);
   const int64_t batch = x.size(0), side = L.nb * L.block;
-  ds::SoftmaxTerms t{};
-  t.rpe = term(op, rpe, "rpe", 4);
-  if (t.rpe != nullptr) {
-    TORCH_CHECK((rpe->size(0) == batch || rpe->stride(0) == 0) && rpe->size(1) == L.heads &&
-                    rpe->size(2) == side && rpe->size(3) == side,
-                op, ": rpe has shape ", rpe->sizes(), "; expected [", batch, ", ", L.heads, ", ",
-                side, ", ", side, "]");
-    t.rpe_sb = rpe->stride(0);
-    t.rpe_sh = rpe->stride(1);
-    t.rpe_si = rpe->stride(2);
-  }
-  t.kp = term(op, kp, "key_padding_mask", 2);
-  if (t.kp != nullptr) {
-    TORCH_CHECK(kp->size(0) == batch && kp->size(1) == side, op, ": key_padding_mask has shape ",
-                kp->sizes(), "; expected [", batch, ", ", side, "]");
-    t.kp_sb = kp->stride(0);
-  }
-  t.attn = term(op, attn, "attn_mask", 2);
-  if (t.attn != nullptr) {
-    TORCH_CHECK(attn->size(0) == side && attn->size(1) == side, op, ": attn_mask has shape ",
-                attn->sizes(), "; expected [", side, ", ", side, "]");
-    t.attn_si = attn->stride(0);
-  }
+  const ds::SoftmaxTerms t = softmax_terms(op, x, L.heads, side, rpe, kp, attn);
   at::Tensor y = at::empty_like(x);
   at::parallel_for(0, batch * L.heads * L.nb, 1, [&](int64_t w0, int64_t w1) {
     ds::bsr_softmax_fwd(dtype_of(x), L, x.const_data_ptr(), y.data_ptr(), static_cast<float>(scale),
@@ -197,8 +131,8 @@ at::Tensor softmax_bwd(const at::Tensor& y, const at::Tensor& dy, double scale,
                        const at::Tensor& lut) {
   constexpr const char* op = "sparse_attention.softmax_bwd";
   const BlockLut L = parse_lut(op, lut);
-  check_sparse(op, y, "y", L);
-  check_sparse(op, dy, "dy", L);
+  check_sparse(op, y, "y", L.nnz, L.block, kDev);
+  check_sparse(op, dy, "dy", L.nnz, L.block, kDev);
   TORCH_CHECK(dy.sizes() == y.sizes() && dy.scalar_type() == y.scalar_type(), op,
               ": dy must match y's shape and dtype");
   at::Tensor dx = at::empty_like(y);

@@ -1,33 +1,58 @@
 """The block-sparse products and softmax behind one interface: the C++ op on CPU tensors, the
-same math in torch ops (block gathers and batched GEMMs) elsewhere. Sparse tensors are
+CUDA op on CUDA tensors, the same math in torch ops (block gathers and batched GEMMs)
+elsewhere, and on CUDA when its op cannot be built (said once). Sparse tensors are
 [batch, nnz, block, block], blocks in the layout's (head, row, column) order; dense operands
 are [batch, heads, rows, cols], read transposed when asked."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
 
+from deepspeed_ext.op_builder.errors import OpBuildError
 from deepspeed_ext.op_builder.sparse_attention import SparseAttnBuilder
+from deepspeed_ext.op_builder.sparse_attention_cuda import SparseAttnCudaBuilder
 
 from ..masked_softmax import softmax_or_zeros
 from .lut import Lut
 
 _op: Any = None
+_cuda_op: Any = None  # False once the CUDA op failed to build
 
 
 def op() -> Any:
     global _op
     if _op is None:
         _op = SparseAttnBuilder().load()
-        _register_fakes()
+        _register_fakes("ds_sparse_attention")
     return _op
 
 
-def _register_fakes() -> None:
-    """Shapes of each op's result from its inputs alone, so torch.compile can trace them."""
-    lib = "ds_sparse_attention"
+def cuda_op() -> Any:
+    if not _cuda_available():
+        raise RuntimeError("the sparse attention CUDA op could not be built (warned above)")
+    return _cuda_op
+
+
+def _cuda_available() -> bool:
+    global _cuda_op
+    if _cuda_op is None:
+        try:
+            _cuda_op = SparseAttnCudaBuilder().load()
+            _register_fakes("ds_sparse_attention_cuda", softmax_heads=True)
+        except OpBuildError as e:
+            warnings.warn(
+                f"sparse attention CUDA kernels unavailable, using torch ops: {e}", stacklevel=2
+            )
+            _cuda_op = False
+    return _cuda_op is not False
+
+
+def _register_fakes(lib: str, softmax_heads: bool = False) -> None:
+    """Shapes of each op's result from its inputs alone, so torch.compile can trace them. The
+    CUDA op's softmax takes the head count as well."""
 
     @torch.library.register_fake(f"{lib}::sdd")
     def _sdd(a, trans_a, b, trans_b, lut, nnz, block):
@@ -42,6 +67,18 @@ def _register_fakes() -> None:
     def _dds(a, trans_a, s, trans_s, lut):
         al = a.transpose(-1, -2) if trans_a else a
         return s.new_empty(s.shape[0], al.shape[1], al.shape[2], al.shape[3])
+
+    if softmax_heads:
+
+        @torch.library.register_fake(f"{lib}::softmax_fwd")
+        def _softmax_fwd_h(x, scale, rpe, kp, attn, lut, heads):
+            return torch.empty_like(x)
+
+        @torch.library.register_fake(f"{lib}::softmax_bwd")
+        def _softmax_bwd_h(y, dy, scale, lut, heads):
+            return torch.empty_like(y)
+
+        return
 
     @torch.library.register_fake(f"{lib}::softmax_fwd")
     def _softmax_fwd(x, scale, rpe, kp, attn, lut):
@@ -146,8 +183,37 @@ class CPUPath:
         return op().softmax_bwd(y, dy.contiguous(), scale, lut.packed)
 
 
+class CUDAPath:
+    """The CUDA op, with the table copied to the operands' device once per layout."""
+
+    @staticmethod
+    def sdd(a, trans_a, b, trans_b, lut: Lut):
+        return cuda_op().sdd(a, trans_a, b, trans_b, lut.on(a.device), lut.nnz, lut.block)
+
+    @staticmethod
+    def dsd(s, trans_s, b, trans_b, lut: Lut):
+        return cuda_op().dsd(s.contiguous(), trans_s, b, trans_b, lut.on(s.device))
+
+    @staticmethod
+    def dds(a, trans_a, s, trans_s, lut: Lut):
+        return cuda_op().dds(a, trans_a, s.contiguous(), trans_s, lut.on(s.device))
+
+    @staticmethod
+    def softmax_fwd(x, scale, rpe, kp, attn, lut: Lut):
+        x = x.contiguous()
+        return cuda_op().softmax_fwd(x, scale, rpe, kp, attn, lut.on(x.device), lut.num_heads)
+
+    @staticmethod
+    def softmax_bwd(y, dy, scale, lut: Lut):
+        return cuda_op().softmax_bwd(y, dy.contiguous(), scale, lut.on(y.device), lut.num_heads)
+
+
 def path_for(t: torch.Tensor) -> Any:
-    return CPUPath if t.device.type == "cpu" else TorchPath
+    if t.device.type == "cpu":
+        return CPUPath
+    if t.device.type == "cuda" and _cuda_available():
+        return CUDAPath
+    return TorchPath
 
 
 def to_dense(x: torch.Tensor, lut: Lut, fill: float = 0.0) -> torch.Tensor:

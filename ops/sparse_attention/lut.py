@@ -3,7 +3,7 @@ csrc/sparse_attention), built once per layout and cached."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,10 +17,17 @@ class Lut:
     num_heads: int
     nb: int
     block: int
+    _copies: dict[torch.device, torch.Tensor] = field(default_factory=dict, compare=False)
 
     @property
     def nnz(self) -> int:
         return int(self.heads.numel())
+
+    def on(self, device: torch.device) -> torch.Tensor:
+        """The packed table on `device`, copied there once (the CUDA op reads it there)."""
+        if device not in self._copies:
+            self._copies[device] = self.packed.to(device)
+        return self._copies[device]
 
 
 _CACHE: dict[tuple[bytes, tuple[int, ...], int], Lut] = {}
