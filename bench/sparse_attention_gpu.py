@@ -93,7 +93,19 @@ def flex_block_mask(layout: torch.Tensor, block: int, seq: int) -> Any:
     )
 
 
-def run_case(seq: int, block: int, sparsity: float, iters: int) -> dict[str, Any]:
+def profile_ours(step: Callable[[], None]) -> None:
+    """Prints where one of our forward + backward steps spends its GPU time, by kernel."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=12), flush=True)
+
+
+def run_case(
+    seq: int, block: int, sparsity: float, iters: int, profile: bool = False
+) -> dict[str, Any]:
     from torch.nn.attention.flex_attention import flex_attention
 
     from deepspeed_ext.ops.sparse_attention import (
@@ -154,6 +166,8 @@ def run_case(seq: int, block: int, sparsity: float, iters: int) -> dict[str, Any
 
             ms, mb = timed(step, iters)
             res[name] = {"ms": ms, "peak_mb": mb}
+            if profile and name == "ours":
+                profile_ours(step)
         except Exception as e:  # noqa: BLE001 - a peer that fails is reported, not fatal
             res[name] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
         torch.cuda.empty_cache()
@@ -178,6 +192,7 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--sparsity", type=float, default=0.9)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--profile", action="store_true", help="our kernels' GPU time per case")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -186,7 +201,7 @@ def main() -> int:
     cases, rows = [], []
     for seq in args.seqs:
         for block in args.blocks:
-            r = run_case(seq, block, args.sparsity, args.iters)
+            r = run_case(seq, block, args.sparsity, args.iters, args.profile)
             cases.append(r)
 
             def cell(x: dict[str, Any]) -> str:

@@ -35,6 +35,7 @@ def _register_cuda_ops() -> None:
     try:
         from .fused_adam import FusedAdamBuilder
         from .fused_lamb import FusedLambBuilder
+        from .fused_lion import FusedLionBuilder
         from .packbits_cuda import PackBitsCudaBuilder
         from .sparse_attention_cuda import SparseAttnCudaBuilder
         from .transformer_cuda import TransformerCudaBuilder
@@ -42,6 +43,7 @@ def _register_cuda_ops() -> None:
         return
     register(FusedAdamBuilder)
     register(FusedLambBuilder)
+    register(FusedLionBuilder)
     register(PackBitsCudaBuilder)
     register(SparseAttnCudaBuilder)
     register(TransformerCudaBuilder)

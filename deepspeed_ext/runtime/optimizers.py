@@ -11,7 +11,7 @@ import torch
 from deepspeed_ext.ops.adagrad import DeepSpeedCPUAdagrad
 from deepspeed_ext.ops.adam import DeepSpeedCPUAdam, FusedAdam
 from deepspeed_ext.ops.lamb import FusedLamb
-from deepspeed_ext.ops.lion import DeepSpeedCPULion
+from deepspeed_ext.ops.lion import DeepSpeedCPULion, FusedLion
 
 from .onebit.adam import OnebitAdam
 from .onebit.lamb import OnebitLamb
@@ -50,8 +50,9 @@ def build_optimizer(
     """`optimizer: {type: name, params: hparams}` -> an optimizer over `params`.
 
     adam/adamw: our SIMD DeepSpeedCPUAdam for CPU params, FusedAdam for device params
-    (torch_adam: true picks torch's); adagrad and lion: our CPU ops on CPU, torch's or an
-    error on device; lamb: FusedLamb; sgd and any other torch.optim class by name.
+    (torch_adam: true picks torch's); adagrad: our CPU op on CPU, torch's on device; lion: our
+    CPU op on CPU, FusedLion on device; lamb: FusedLamb; sgd and any other torch.optim class
+    by name.
     """
     key = name.lower()
     hp = dict(hparams)
@@ -70,12 +71,7 @@ def build_optimizer(
                 DeepSpeedCPUAdagrad(params, **hp) if on_cpu else torch.optim.Adagrad(params, **hp)
             )
         if key == "lion":
-            if not on_cpu:
-                raise OptimizerConfigError(
-                    "optimizer.type 'lion' runs on CPU params only in this version (our CUDA Lion "
-                    "is not built yet); use 'adamw', or offload the optimizer to CPU"
-                )
-            return DeepSpeedCPULion(params, **hp)
+            return DeepSpeedCPULion(params, **hp) if on_cpu else FusedLion(params, **hp)
         if key == "lamb":
             return FusedLamb(params, **hp)
         if key == "onebitadam":

@@ -1,3 +1,4 @@
 from .cpu_lion import DeepSpeedCPULion
+from .fused_lion import FusedLion
 
-__all__ = ["DeepSpeedCPULion"]
+__all__ = ["DeepSpeedCPULion", "FusedLion"]

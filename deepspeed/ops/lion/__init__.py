@@ -1,5 +1,5 @@
-from deepspeed_ext.ops.lion import DeepSpeedCPULion
+from deepspeed_ext.ops.lion import DeepSpeedCPULion, FusedLion
 
-from . import cpu_lion
+from . import cpu_lion, fused_lion
 
-__all__ = ["DeepSpeedCPULion", "cpu_lion"]
+__all__ = ["DeepSpeedCPULion", "FusedLion", "cpu_lion", "fused_lion"]

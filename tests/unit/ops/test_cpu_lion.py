@@ -44,3 +44,24 @@ def test_zero_direction_leaves_param_unchanged():
     p.grad = torch.zeros(37)
     DeepSpeedCPULion([p], lr=0.1).step()
     assert torch.equal(p.detach(), torch.ones(37))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_lion_on_cpu_params_matches_reference(dtype):
+    # FusedLion (upstream's CUDA optimizer) takes CPU params through the cpu_lion op
+    from deepspeed_ext.ops.lion import FusedLion
+
+    parity(
+        lambda ps: FusedLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
+        lambda ps: ReferenceLion(ps, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.1),
+        dtype,
+    )
+
+
+def test_lion_config_builds_fused_lion_for_device_params():
+    from deepspeed_ext.ops.lion import FusedLion
+    from deepspeed_ext.runtime.optimizers import build_optimizer
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    assert isinstance(build_optimizer("lion", [p], {"lr": 1e-3}, on_cpu=False), FusedLion)
+    assert isinstance(build_optimizer("lion", [p], {"lr": 1e-3}, on_cpu=True), DeepSpeedCPULion)
