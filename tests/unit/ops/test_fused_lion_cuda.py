@@ -64,7 +64,8 @@ def test_fused_lion_misaligned_views_and_zero_direction():
     views = [storage[1:34], storage[35:1035]]  # odd offsets: not 16-byte aligned
     ours = [torch.nn.Parameter(v) for v in views]
     ref = [torch.nn.Parameter(v.detach().clone()) for v in views]
-    opt_a, opt_b = FusedLion(ours, lr=1e-2), ReferenceLion(ref, lr=1e-2)
+    opt_a = FusedLion(ours, lr=1e-2, betas=(0.9, 0.99))  # the reference's betas, not defaults
+    opt_b = ReferenceLion(ref, lr=1e-2, betas=(0.9, 0.99))
     for g in make_grads([v.cpu() for v in views], 5):
         for p, q, x in zip(ours, ref, g):
             p.grad, q.grad = x.to(DEV), x.to(DEV)
