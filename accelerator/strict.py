@@ -80,6 +80,13 @@ def mark_host(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def unmark_host(t: torch.Tensor) -> torch.Tensor:
+    """t now holds device memory again (offload_states' reload). Returns t."""
+    if getattr(t, _HOST, False):
+        delattr(t, _HOST)
+    return t
+
+
 def pending(t: torch.Tensor) -> bool:
     epoch = getattr(t, _PENDING, 0)
     return epoch > _State.synced

@@ -99,6 +99,21 @@ class DataParallelStrategy:
         self.optimizer = optimizer
         bind(list(self.module.parameters()), self)
 
+    def state_roots(self, kind: str) -> list[torch.Tensor]:
+        """Tensors whose storages hold one kind of state ([Note: offloading states]); an fp32
+        model's masters are its own parameters (lp_params)."""
+        params: list[torch.Tensor] = list(self.module.parameters())
+        masters: list[torch.Tensor] = list(self.masters.masters) if self.masters.is_copy else []
+        if kind == "lp_params":
+            return params
+        if kind == "hp_params":
+            return masters
+        if kind == "lp_grads":
+            return [t.grad for t in params + masters if t.grad is not None]
+        if kind == "contiguous_grad_buffer":
+            return list(self.grads.flat())
+        return []
+
     # -- [Note: param fragments]: the whole parameter on every rank --
     def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
         if id(p) not in self._trainable:

@@ -286,6 +286,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
 
     # -- training ----------------------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        self._states_here("forward")
         samples, tokens = batch_tokens(inputs, kwargs)
         self.metrics.add_micro_batch(samples, tokens)
         with self.timers.phase("forward"):
@@ -294,6 +295,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
     def backward(
         self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
     ) -> torch.Tensor:
+        self._states_here("backward")
         self.metrics.add_loss(loss.detach())
         scaled = loss.float() / self._gas if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
@@ -305,6 +307,7 @@ class DeepSpeedEngine(EngineSurface, torch.nn.Module):
         return loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
+        self._states_here("step")
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
         self.global_samples += self._micro_batch_size * self.dp_world_size

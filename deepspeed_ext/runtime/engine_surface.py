@@ -167,6 +167,71 @@ class EngineSurface:
         if release is not None:
             release()
 
+    @property
+    def global_rank(self) -> int:
+        """This process's rank in the world (upstream's attribute)."""
+        return int(self.rank)  # type: ignore[attr-defined]
+
+    # -- states off the device ([Note: offloading states]) -----------------------------------
+    _offloaded: Any = None
+
+    def offload_states(
+        self,
+        include: Any = None,
+        device: Any = "cpu",
+        pin_memory: bool = True,
+        non_blocking: bool = False,
+    ) -> None:
+        """Move the training states (all kinds, or those in `include`: OffloadStateTypeEnum
+        values) to host memory, freeing their device memory until reload_states()."""
+        from . import offload_states as off
+
+        where = str(getattr(device, "value", device))
+        if where == "none":
+            logger.warning("offload_states: device is none; nothing was moved")
+            return
+        if where != "cpu":
+            raise ValueError(
+                f"offload_states: device={where!r}; states can be moved to 'cpu' only "
+                "(OffloadDeviceEnum.cpu), as upstream"
+            )
+        zero = self.config.zero_optimization
+        if str(zero.offload_param.device if zero.offload_param else "none") != "none":
+            raise RuntimeError(
+                "offload_states: the parameters live off the device already "
+                "(zero_optimization.offload_param); moving states is not supported with it"
+            )
+        if self.optimizer is None:  # type: ignore[attr-defined]
+            raise RuntimeError("offload_states needs an optimizer: the engine was built without")
+        off_opt = zero.offload_optimizer
+        on_host = str(off_opt.device if off_opt else "none") in ("cpu", "nvme")
+        self._offloaded = self._offloaded or off.Offloaded()
+        off.offload(
+            self._offloaded,
+            off.refine(include, on_host),
+            self.strategy.state_roots,
+            self.optimizer,  # type: ignore[attr-defined]
+            self.module,
+            pin_memory,
+            non_blocking,
+        )
+
+    def reload_states(self, non_blocking: bool = False) -> None:
+        """Move what offload_states moved back to the device."""
+        from . import offload_states as off
+
+        if self._offloaded is not None:
+            off.reload(self._offloaded, self.optimizer, self.module, non_blocking)  # type: ignore[attr-defined]
+
+    def _states_here(self, action: str) -> None:
+        """Training with states on the host would fail deep inside (or, on a CPU, silently
+        train on the host copies): say what to call."""
+        if self._offloaded is not None and self._offloaded.kinds:
+            raise RuntimeError(
+                f"engine.{action}: the states {', '.join(self._offloaded.kinds)} are offloaded "
+                "(offload_states); call engine.reload_states() first"
+            )
+
     # -- torch.compile -----------------------------------------------------------------------
     def compile(
         self,

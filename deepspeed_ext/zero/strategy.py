@@ -117,6 +117,25 @@ class ZeroStrategy:
         self.optimizer = optimizer
         bind(list(self.module.parameters()), self)
 
+    def state_roots(self, kind: str) -> list[torch.Tensor]:
+        """Tensors whose storages hold one kind of state ([Note: offloading states]): the
+        params live in each group's flat buffer; fp32 masters on the model's device are
+        views of it (lp_params)."""
+        params: list[torch.Tensor] = list(self.module.parameters())
+        masters: list[torch.Tensor] = [
+            m for grp in self.groups if not grp.masters_are_views for m in grp.masters
+        ]
+        if kind == "lp_params":
+            return [grp.flat for grp in self.groups] + params
+        if kind == "hp_params":
+            return masters
+        if kind == "lp_grads":
+            held = [g for grp in self.groups for g in grp.grads]
+            return held + [t.grad for t in params + masters if t.grad is not None]
+        if kind == "contiguous_grad_buffer":
+            return list(self.reducer.buffers.values())
+        return []
+
     # -- [Note: param fragments]: a param's part of its bucket's chunk on each rank --
     def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
         for grp in self.groups:

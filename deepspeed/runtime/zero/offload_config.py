@@ -7,9 +7,11 @@ from deepspeed_ext.config.sections.offload import (
 from deepspeed_ext.config.sections.offload import (
     OffloadParamConfig as DeepSpeedZeroOffloadParamConfig,
 )
+from deepspeed_ext.runtime.offload_states import OffloadStateTypeEnum
 
 __all__ = [
     "DeepSpeedZeroOffloadOptimizerConfig",
     "DeepSpeedZeroOffloadParamConfig",
     "OffloadDeviceEnum",
+    "OffloadStateTypeEnum",
 ]

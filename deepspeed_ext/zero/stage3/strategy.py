@@ -185,6 +185,23 @@ class Stage3Strategy:
             list(self.module.parameters()), swapper, o.max_in_cpu, o.buffer_count, o.buffer_size
         )
 
+    def state_roots(self, kind: str) -> list[torch.Tensor]:
+        """Tensors whose storages hold one kind of state ([Note: offloading states]): this
+        rank's parameter shards and the parameters kept whole; the fp32 masters; the
+        gradient shards; the bucket pool (empty between steps)."""
+        params: list[Any] = list(self.module.parameters())
+        masters: list[Any] = list(self.masters.values())
+        if kind == "lp_params":
+            return [p.ds_tensor for p in params if is_zero_param(p)] + params
+        if kind == "hp_params":
+            return masters
+        if kind == "lp_grads":
+            held = list(self.reducer.part.values())
+            return held + [t.grad for t in params + masters if t.grad is not None]
+        if kind == "contiguous_grad_buffer":
+            return list(self.reducer.pool)
+        return []
+
     def attach_optimizer(self, optimizer: Any) -> None:
         """With offload_optimizer nvme, the masters and their states go to swap files."""
         self.optimizer = optimizer

@@ -159,7 +159,7 @@ def test_compile_keeps_the_output_and_trains(res: dict[str, Any]):
 
 # upstream's engine methods not here yet: each belongs to a feature not built (DeepCompile,
 # sparse gradients, MoE, random-LTD/curriculum data sampling, universal checkpoints,
-# offload_states) or is an internal upstream helper
+# ) or is an internal upstream helper
 NOT_YET = {
     "all_gather_scalar",
     "allreduce_and_copy",
@@ -193,13 +193,11 @@ NOT_YET = {
     "load_moe_state_dict",
     "load_universal_checkpoint",
     "managed_gradient_accumulation",
-    "offload_states",
     "print_forward_breakdown",
     "random_ltd_config",
     "random_ltd_enabled",
     "random_ltd_initialize",
     "register_compile_pass",
-    "reload_states",
     "scale",
     "set_custom_curriculum_learning_schedule",
     "set_data_post_process_func",
