@@ -36,6 +36,7 @@ from . import checkpoint as ckpt
 from . import config_effects, slow_nodes, sparse_attention, tensor_parallel
 from .activation_checkpointing import settings as activation_checkpointing
 from .dataloader import DeepSpeedDataLoader, batch_tokens
+from .engine_manual import EngineManual
 from .engine_surface import EngineSurface
 from .lr_schedules import get_lr_scheduler
 from .optimizer_step import StepOutcome, optimizer_step
@@ -46,7 +47,7 @@ from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
 
-class DeepSpeedEngine(EngineSurface, torch.nn.Module):
+class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     def __init__(
         self,
         model: torch.nn.Module,

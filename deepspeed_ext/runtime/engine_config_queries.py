@@ -145,6 +145,9 @@ DERIVED: dict[str, Callable[[Any], Any]] = {
         else None
     ),
     "optimizer_name": lambda c: c.optimizer.type.lower() if c.optimizer.type else None,
+    "get_type": lambda c: c.optimizer.type,  # as the config gives it
+    # without MiCS every stage-3 rank holds a partition of the weights
+    "is_first_weights_partition_group": lambda c: c.zero_optimization.stage == 3,
     "postscale_gradients": lambda c: not c.prescale_gradients,
     "torch_autocast_dtype": lambda c: c.torch_autocast.dtype,
     "zero_cpu_offload": lambda c: _offload_device(c) == "cpu",
