@@ -158,8 +158,8 @@ def test_compile_keeps_the_output_and_trains(res: dict[str, Any]):
 
 
 # upstream's engine methods not here yet: each belongs to a feature not built (DeepCompile,
-# sparse gradients, MoE, random-LTD/curriculum data sampling, universal checkpoints,
-# ) or is an internal upstream helper
+# sparse gradients, MoE, random-LTD/curriculum data sampling, progressive layer drop,
+# universal checkpoints, sequence parallelism) or is an internal upstream helper
 NOT_YET = {
     "allreduce_and_copy",
     "allreduce_bucket",
