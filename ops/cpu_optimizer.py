@@ -15,10 +15,12 @@ from typing import Any, ClassVar
 
 import torch
 
+from .light_optimizer import LightOptimizer
+
 _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-class CPUOptimizer(torch.optim.Optimizer):
+class CPUOptimizer(LightOptimizer):
     STATE_KEYS: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -112,7 +114,7 @@ def load_state_dict_keeping_dtypes(
     saved = state_dict["state"]
     ids = [i for g in state_dict["param_groups"] for i in g["params"]]
     params = [p for g in opt.param_groups for p in g["params"]]
-    torch.optim.Optimizer.load_state_dict(opt, state_dict)
+    LightOptimizer.load_state_dict(opt, state_dict)  # type: ignore[arg-type]
     for pid, p in zip(ids, params):
         for k, v in saved.get(pid, {}).items():
             if k == "step":

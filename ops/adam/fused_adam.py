@@ -12,9 +12,10 @@ import torch
 from deepspeed_ext.op_builder import CPUAdamBuilder
 
 from ..cpu_optimizer import check_hparams, load_state_dict_keeping_dtypes
+from ..light_optimizer import LightOptimizer
 
 
-class FusedAdam(torch.optim.Optimizer):
+class FusedAdam(LightOptimizer):
     """Upstream's FusedAdam API. Optimizer states are fp32 for every param dtype, so fp16
     and bf16 params keep full-precision moments (upstream keeps them in the param dtype)."""
 

@@ -27,6 +27,7 @@ import torch
 from deepspeed_ext.op_builder.fused_lamb import FusedLambBuilder
 
 from ..cpu_optimizer import check_hparams, load_state_dict_keeping_dtypes
+from ..light_optimizer import LightOptimizer
 
 _KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -99,7 +100,7 @@ def _per_group(values: Any, n_groups: int) -> list[Any]:
     return values
 
 
-class FusedLamb(torch.optim.Optimizer):
+class FusedLamb(LightOptimizer):
     """LAMB (https://arxiv.org/abs/1904.00962) as upstream DeepSpeed computes it.
 
     Args:

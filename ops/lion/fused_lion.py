@@ -11,9 +11,10 @@ import torch
 from deepspeed_ext.op_builder import CPULionBuilder
 
 from ..cpu_optimizer import check_hparams, load_state_dict_keeping_dtypes
+from ..light_optimizer import LightOptimizer
 
 
-class FusedLion(torch.optim.Optimizer):
+class FusedLion(LightOptimizer):
     """Upstream's FusedLion API. The momentum is fp32 for every param dtype, so fp16 and bf16
     params keep a full-precision exp_avg (upstream keeps it in the param dtype)."""
 

@@ -10,10 +10,11 @@ from typing import Any
 import torch
 
 from deepspeed_ext.ops.cpu_optimizer import check_hparams
+from deepspeed_ext.ops.light_optimizer import LightOptimizer
 from deepspeed_ext.runtime.compression import CompressedExchange, SignCodec
 
 
-class OneBitOptimizer(torch.optim.Optimizer):
+class OneBitOptimizer(LightOptimizer):
     deepspeed: Any = None
     _onebit: CompressedExchange | None = None
     # frozen variances' denominators, made at their first use (not state: derived from
