@@ -153,8 +153,6 @@ NOTED: dict[str, Rule] = {
     "zero_optimization.offload_optimizer.pin_memory": Rule(
         "host buffers are pinned whenever a GPU is"
     ),
-    "zero_optimization.offload_optimizer.pipeline_read": Rule(_SPEED),
-    "zero_optimization.offload_optimizer.pipeline_write": Rule(_SPEED),
     "zero_optimization.offload_optimizer.fast_init": Rule(_SPEED),
     "zero_optimization.offload_optimizer.cpuadam_cores_perc": Rule(_SPEED),
     "bf16.immediate_grad_update": Rule(_SPEED),

@@ -84,16 +84,17 @@ class _Entry:
 class _Files:
     """What cleanup needs, without the swapper (so the exit-time finalizer keeps no cycle)."""
 
-    def __init__(self, root: str, handle: AioHandle) -> None:
+    def __init__(self, root: str, handles: tuple[AioHandle, ...]) -> None:
         self.root = root
-        self.handle = handle
+        self.handles = handles
 
     def remove(self) -> None:
-        try:
-            if self.handle.pending_ops():
-                self.handle.wait()  # never delete files under running I/O
-        except RuntimeError:
-            pass  # reported by wait() if anyone still asks; the files go regardless
+        for handle in self.handles:
+            try:
+                if handle.pending_ops():
+                    handle.wait()  # never delete files under running I/O
+            except RuntimeError:
+                pass  # reported by wait() if anyone still asks; the files go regardless
         shutil.rmtree(self.root, ignore_errors=True)
         tag_dir = os.path.dirname(self.root)
         for d in (tag_dir, os.path.dirname(tag_dir)):  # other ranks' dirs may remain
@@ -119,13 +120,19 @@ class NVMeSwapper:
         for name in os.listdir(self._dir):  # left by a crashed run of the same tag and rank
             if name.endswith(".swp"):
                 os.unlink(os.path.join(self._dir, name))
+        # reads and writes on handles of their own, so each kind can be waited for alone
+        # (the optimizer's pipelined swap: [Note: pipelined optimizer swap])
         self._handle = aio_handle(**_aio_kwargs(aio))
+        self._whandle = aio_handle(**_aio_kwargs(aio))
         self._entries: dict[str, _Entry] = {}
-        self._in_flight: set[str] = set()  # keys with an op not yet waited for
-        self._staged: list[torch.Tensor] = []  # staging buffers of in-flight ops
+        self._reading: set[str] = set()  # keys with a read not yet waited for
+        self._writing: set[str] = set()  # keys with a write not yet waited for
+        self._staged: list[torch.Tensor] = []  # staging buffers of in-flight writes
         self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (staging, out) reads
         self._pool: list[torch.Tensor] = []  # free page-aligned uint8 staging buffers
-        self._cleanup = weakref.finalize(self, _Files(self._dir, self._handle).remove)
+        self._cleanup = weakref.finalize(
+            self, _Files(self._dir, (self._handle, self._whandle)).remove
+        )
 
     @property
     def directory(self) -> str:
@@ -134,8 +141,10 @@ class NVMeSwapper:
     def swap_out(self, key: str, tensor: torch.Tensor, async_op: bool = False) -> None:
         """Writes the tensor's bytes to the file of `key` (replacing what it held)."""
         self._check_open()
-        if key in self._in_flight:
-            self.wait()
+        if key in self._reading:
+            self.wait_reads()
+        if key in self._writing:
+            self.wait_writes()
         src = tensor.detach()
         nbytes = src.numel() * src.element_size()
         if src.device.type != "cpu" or not src.is_contiguous():
@@ -148,10 +157,10 @@ class NVMeSwapper:
         if old is not None and old.nbytes > nbytes:
             os.truncate(path, nbytes)  # a write keeps the bytes past its end
         self._entries[key] = _Entry(path, tensor.numel(), tensor.dtype, nbytes)
-        self._in_flight.add(key)
-        self._handle.async_pwrite(src, path)
+        self._writing.add(key)
+        self._whandle.async_pwrite(src, path)
         if not async_op:
-            self.wait()
+            self.wait_writes()
 
     def swap_in(self, key: str, out: torch.Tensor, async_op: bool = False) -> None:
         """Reads the bytes of `key` into `out` (same numel and dtype as swapped out)."""
@@ -164,32 +173,52 @@ class NVMeSwapper:
                 f"NVMeSwapper.swap_in({key!r}): out has {out.numel()} elements of {out.dtype}, "
                 f"but {entry.numel} elements of {entry.dtype} were swapped out"
             )
-        if key in self._in_flight:
-            self.wait()
+        if key in self._writing:  # the file must hold what is being written first
+            self.wait_writes()
+        if key in self._reading:
+            self.wait_reads()
         dst = out.detach()
         if dst.device.type != "cpu" or not dst.is_contiguous():
             buf = self._take(entry.nbytes)
             self._copy_back.append((buf, out))
             dst = buf[: entry.nbytes]
-        self._in_flight.add(key)
+        self._reading.add(key)
         self._handle.async_pread(dst, entry.path)
         if not async_op:
-            self.wait()
+            self.wait_reads()
 
     def wait(self) -> None:
         """Completes every async op; raises the first error (naming the file and errno)."""
-        if not self._in_flight:
+        try:
+            self.wait_reads()
+        finally:
+            self.wait_writes()
+
+    def wait_reads(self) -> None:
+        """Completes the async reads (their data is then in the tensors given)."""
+        if not self._reading:
             return
         copy_back, self._copy_back = self._copy_back, []
-        staged, self._staged = self._staged, []
-        self._in_flight.clear()
+        self._reading.clear()
         try:
             self._handle.wait()
             for buf, out in copy_back:
                 n = out.numel() * out.element_size()
                 out.detach().copy_(buf[:n].view(out.dtype).view(out.shape))
         finally:
-            for buf in staged + [b for b, _ in copy_back]:
+            for buf, _ in copy_back:
+                self._give(buf)
+
+    def wait_writes(self) -> None:
+        """Completes the async writes (the tensors written may then change or go)."""
+        if not self._writing:
+            return
+        staged, self._staged = self._staged, []
+        self._writing.clear()
+        try:
+            self._whandle.wait()
+        finally:
+            for buf in staged:
                 self._give(buf)
 
     def nbytes_on_disk(self) -> int:

@@ -157,11 +157,29 @@ def offload_params(
 
 
 class OptimizerSwap:
-    """Masters and their optimizer state on NVMe, stepped in sub-groups."""
+    """Masters and their optimizer state on NVMe, stepped in sub-groups.
 
-    def __init__(self, swapper: NVMeSwapper, sub_group_numel: int) -> None:
+    [Note: pipelined optimizer swap]
+    offload_optimizer.pipeline_read reads sub-group k+1 from its files while sub-group k
+    steps; pipeline_write writes sub-group k while k+1 steps (the swapper reads and writes
+    on handles of their own, so each kind is waited for alone). Without them each sub-group
+    is read, stepped and written in turn. Pipelining keeps up to three sub-groups in memory
+    instead of one, and needs several sub-groups to overlap anything: zero_optimization's
+    sub_group_size sets their size (elements of masters per sub-group)."""
+
+    def __init__(
+        self,
+        swapper: NVMeSwapper,
+        sub_group_numel: int,
+        pipeline_read: bool = False,
+        pipeline_write: bool = False,
+    ) -> None:
         self.swapper = swapper
         self.sub_group_numel = max(1, sub_group_numel)
+        self.pipeline_read = pipeline_read
+        self.pipeline_write = pipeline_write
+        # sub-groups read while another stepped, written while another stepped
+        self.stats = {"overlapped_reads": 0, "overlapped_writes": 0}
         self.masters: list[torch.Tensor] = []
         self.params: list[Any] = []  # the model parameter of each master
 
@@ -210,31 +228,56 @@ class OptimizerSwap:
             yield group
 
     # -- the step --
+    def _read(self, sub: list[int]) -> None:
+        for i in sub:
+            self._swap_in(i, self.params[i].ds_shard_numel)
+
     @torch.no_grad()
     def step(self, grad_of: Callable[[int], torch.Tensor]) -> None:
         """optimizer.step() one sub-group at a time, master i getting grad_of(i) (a master's
         grad must match its size, so it is attached once swapped in); the new values go to
-        the shards."""
+        the shards. Reads and writes overlap the steps as configured ([Note: pipelined
+        optimizer swap])."""
         opt = self.optimizer
+        sw = self.swapper
         all_params = [list(g["params"]) for g in opt.param_groups]
+        subs = list(self._sub_groups())
+        written: list[int] = []  # stepped and being written, not yet dropped
         try:
-            for sub in self._sub_groups():
-                for i in sub:
-                    self._swap_in(i, self.params[i].ds_shard_numel)
-                self.swapper.wait()
+            if subs:
+                self._read(subs[0])
+            for k, sub in enumerate(subs):
+                sw.wait_reads()  # sub-group k is in memory
+                if self.pipeline_read and k + 1 < len(subs):
+                    self._read(subs[k + 1])  # overlaps this step
+                    self.stats["overlapped_reads"] += 1
                 for i in sub:
                     self.masters[i].grad = grad_of(i)
                 chosen = {id(self.masters[i]) for i in sub}
                 for g, ps in zip(opt.param_groups, all_params):
                     g["params"] = [m for m in ps if id(m) in chosen]
                 opt.step()
+                if self.pipeline_write:  # the previous sub-group's write overlapped the step
+                    self.stats["overlapped_writes"] += bool(written)
+                    sw.wait_writes()
+                    for i in written:
+                        self._drop(i)
+                    written = []
                 for i in sub:
                     self.masters[i].grad = None
                     write_shard(self.params[i], self.masters[i].data)
                     self._swap_out(i)
-                self.swapper.wait()
-                for i in sub:
-                    self._drop(i)
+                written += sub
+                if not self.pipeline_write:
+                    sw.wait_writes()
+                    for i in written:
+                        self._drop(i)
+                    written = []
+                if not self.pipeline_read and k + 1 < len(subs):
+                    self._read(subs[k + 1])
+            sw.wait_writes()
+            for i in written:
+                self._drop(i)
         finally:
             for g, ps in zip(opt.param_groups, all_params):
                 g["params"] = ps

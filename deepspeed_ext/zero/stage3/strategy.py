@@ -56,6 +56,9 @@ class Stage3Options:
         opt = zero_cfg.offload_optimizer
         self.optimizer_offload = str(opt.device) if opt is not None else "none"
         self.optimizer_nvme_path = getattr(opt, "nvme_path", None)
+        # [Note: pipelined optimizer swap]
+        self.pipeline_read = bool(getattr(opt, "pipeline_read", False))
+        self.pipeline_write = bool(getattr(opt, "pipeline_write", False))
         self.sub_group_numel = int(zero_cfg.sub_group_size)
         self.leaf_module = zero_cfg.leaf_module
         self.allowed_types = zero_cfg.zero_allowed_param_types
@@ -211,7 +214,10 @@ class Stage3Strategy:
         from .nvme import OptimizerSwap
 
         swapper = self._swapper(self.options.optimizer_nvme_path, "optimizer")
-        self.optimizer_swap = OptimizerSwap(swapper, self.options.sub_group_numel)
+        o = self.options
+        self.optimizer_swap = OptimizerSwap(
+            swapper, o.sub_group_numel, o.pipeline_read, o.pipeline_write
+        )
         self.optimizer_swap.attach(
             optimizer, self.trainable, [self.masters[id(p)] for p in self.trainable]
         )

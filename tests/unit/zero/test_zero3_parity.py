@@ -110,6 +110,21 @@ def test_nvme_param_and_optimizer_offload_match_stage0(tmp_path):
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
 
 
+def test_pipelined_nvme_optimizer_swap_matches_stage0(tmp_path):
+    """offload_optimizer.pipeline_read / pipeline_write ([Note: pipelined optimizer swap]):
+    each sub-group's read and write overlap a neighbour's step, and training is unchanged."""
+    ref = stage0(2)
+    off = {"device": "nvme", "nvme_path": str(tmp_path)}
+    pipe = {**off, "pipeline_read": True, "pipeline_write": True}
+    got = run_ranks(train, 2, 3, 4, 2, z3(offload_optimizer=pipe, sub_group_size=500))
+    _assert_same(got, ref, atol=2e-6, rtol=1e-5)
+    swapped = got[0]["swapped"]
+    assert swapped["overlapped_reads"] > 0 and swapped["overlapped_writes"] > 0, swapped
+    plain = run_ranks(train, 2, 3, 4, 2, z3(offload_optimizer=off, sub_group_size=500))
+    assert plain[0]["swapped"]["overlapped_reads"] == 0, plain[0]["swapped"]
+    assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
+
+
 def test_nvme_without_read_ahead_buffers_matches_stage0(tmp_path):
     """offload_param.buffer_count 0: every shard is read when its gather wants it."""
     ref = stage0(2)

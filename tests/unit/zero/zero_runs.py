@@ -94,6 +94,7 @@ def train(
         "params": sum(getattr(p, "ds_swap", None) is not None for p in model.parameters()),
         "optimizer_bytes": opt_swap.swapper.nbytes_on_disk() if opt_swap else 0,
         **{k: sum(sw.stats[k] for sw in swaps.values()) for k in ("read_ahead", "fetched_ahead")},
+        **(opt_swap.stats if opt_swap else {}),
     }
     engine.destroy()
     return {
