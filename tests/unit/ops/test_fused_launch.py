@@ -52,7 +52,7 @@ def test_fused_adam_cuda_launch_follows_the_schema():
     assert (b["beta1"], b["beta2"], b["adam_w_mode"], b["bias_correction"]) == (
         0.9,
         0.999,
-        True,
+        False,
         True,
     )
 
