@@ -5,6 +5,7 @@ runtime sizes itself reports the size in use."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -146,6 +147,31 @@ DERIVED: dict[str, Callable[[Any], Any]] = {
     ),
     "optimizer_name": lambda c: c.optimizer.type.lower() if c.optimizer.type else None,
     "get_type": lambda c: c.optimizer.type,  # as the config gives it
+    # features not built here: their sections are refused when enabled, so these report
+    # the (disabled) configuration, as upstream's queries do
+    "curriculum_learning_enabled": lambda c: (
+        c.data_efficiency.data_sampling.curriculum_learning.enabled
+    ),
+    "curriculum_learning_config": lambda c: (
+        c.data_efficiency.data_sampling.curriculum_learning.model_dump()
+    ),
+    "curriculum_params_legacy": lambda c: (
+        c.curriculum_learning.model_dump() if c.curriculum_learning.enabled else False
+    ),
+    "data_sampling_enabled": lambda c: c.data_efficiency.data_sampling.enabled,
+    "data_sampling_config": lambda c: c.data_efficiency.data_sampling.model_dump(),
+    "random_ltd_enabled": lambda c: c.data_efficiency.data_routing.random_ltd.enabled,
+    "random_ltd_config": lambda c: c.data_efficiency.data_routing.random_ltd.model_dump(),
+    "load_universal_checkpoint": lambda c: c.checkpoint.load_universal,
+    "autotuning_model_info_path": lambda c: (
+        c.autotuning.model_info_path or os.path.join(os.getcwd(), "autotuning_model_info.json")
+    ),
+    "autotuning_profile_model_info": lambda c: bool(
+        c.autotuning.enabled
+        and c.autotuning.model_info is not None
+        and c.autotuning.model_info.profile
+    ),
+    "get_pld_theta": lambda c: None,  # progressive layer drop is not built (refused)
     # without MiCS every stage-3 rank holds a partition of the weights
     "is_first_weights_partition_group": lambda c: c.zero_optimization.stage == 3,
     "postscale_gradients": lambda c: not c.prescale_gradients,
