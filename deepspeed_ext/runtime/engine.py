@@ -111,7 +111,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
 
         params = [p for p in self.module.parameters()]
         accum = self._accum_dtype(params)
-        self._reduce_dtype = self._comm_dtype(accum) or accum  # engine.communication_data_type
+        comm_dtype = self._comm_dtype(accum)
+        self._reduce_dtype = comm_dtype or accum  # engine.communication_data_type
         elem = torch.tensor([], dtype=accum).element_size()
         model_groups = self._model_param_groups(optimizer, model_parameters)
         bucket = self._bucket_numel(params, elem)
@@ -130,7 +131,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                 data=self.layout.data,
                 global_rank=self.rank,
                 zero=config.zero_optimization,
-                comm_dtype=self._comm_dtype(accum),
+                comm_dtype=comm_dtype,
                 aio=aio_settings(config.aio),
                 is_boundary=self.is_gradient_accumulation_boundary,
                 averaging=comm.GradAverage.from_config(config),
@@ -297,10 +298,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
     ) -> torch.Tensor:
         self._states_here("backward")
-        self.metrics.add_loss(loss.detach())
-        scaled = loss.float() / self._gas if scale_wrt_gas else loss.float()
-        if self.loss_scaler is not None:
-            scaled = scaled * self.loss_scaler.loss_scale
+        scaled = self._scaled_loss(loss, scale_wrt_gas)
         self.strategy.begin_backward(self.is_gradient_accumulation_boundary())
         with self.timers.phase("backward"):
             scaled.backward(retain_graph=retain_graph)

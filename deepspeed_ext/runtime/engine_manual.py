@@ -4,6 +4,7 @@ all_gather_scalar(). A mixin of the engine, over what the engine composes."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -33,8 +34,14 @@ class EngineManual:
                 "other tensors call tensor.backward(grad) yourself"
             )
         self._states_here("scale")  # type: ignore[attr-defined]
+        return self._scaled_loss(loss, True)
+
+    def _scaled_loss(self, loss: torch.Tensor, scale_wrt_gas: bool) -> torch.Tensor:
+        """What engine.backward and a manual backward after scale() backpropagate: the loss
+        (recorded for the metrics) in fp32, divided by the accumulation steps, times the fp16
+        loss scale."""
         self.metrics.add_loss(loss.detach())
-        scaled = loss.float() / self._gas
+        scaled = loss.float() / self._gas if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:
             scaled = scaled * self.loss_scaler.loss_scale
         return scaled
@@ -76,8 +83,6 @@ class EngineManual:
             params = z3_params_to_fetch or list(self.module.parameters())
             gather = GatheredParameters(params, modifier_rank=0)
         else:
-            import contextlib
-
             gather = contextlib.nullcontext()
         with gather:
             if custom_load_fn is not None:
