@@ -65,6 +65,11 @@ def optimizer_state_tensors(optimizer: Any) -> list[torch.Tensor]:
     return [v for s in state.values() for v in s.values() if isinstance(v, torch.Tensor)]
 
 
+def _optimizer_params(optimizer: Any) -> list[torch.Tensor]:
+    """The tensors the optimizer steps (fp32 masters, say), whose grads the scan must see."""
+    return [p for g in getattr(optimizer, "param_groups", []) for p in g["params"]]
+
+
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         s = t.untyped_storage()
@@ -126,7 +131,8 @@ def move(
     views = _views_of(set(keys), [*extra, *_grads(module, extra)])
     acc = get_accelerator()
     out: list[tuple[torch.UntypedStorage, torch.device]] = []
-    done: list[tuple[torch.Tensor, torch.UntypedStorage, torch.device]] = []
+    # (tensor, its old storage and device, whether it was declared host), to undo the move
+    done: list[tuple[torch.Tensor, torch.UntypedStorage, torch.device, bool]] = []
     kept = 0
     for k, old in keys.items():
         src = torch.empty(0, dtype=torch.uint8, device=old.device).set_(old)
@@ -137,9 +143,9 @@ def move(
         new = dst.untyped_storage()
         del src, dst
         for t in views[k]:
+            done.append((t, old, old.device, strict.is_host(t)))
             _repoint(t, new, to)
             strict.mark_host(t) if to_host else strict.unmark_host(t)
-            done.append((t, old, old.device))
         out.append((new, old.device))
         # what still holds the old storage, past our own handle: a view the scan missed
         kept += torch._C._storage_Use_Count(old._cdata) > 1
@@ -155,12 +161,10 @@ def move(
     return out
 
 
-def _undo(done: list[tuple[torch.Tensor, torch.UntypedStorage, torch.device]]) -> None:
-    for t, old, device in done:
-        was_host = device.type == "cpu" and strict.is_host(t)
+def _undo(done: list[tuple[torch.Tensor, torch.UntypedStorage, torch.device, bool]]) -> None:
+    for t, old, device, was_host in done:
         _repoint(t, old, device)
-        if not was_host:
-            strict.unmark_host(t)
+        strict.mark_host(t) if was_host else strict.unmark_host(t)
 
 
 class Offloaded:
@@ -186,7 +190,7 @@ def offload(
     for k in todo:
         roots += optimizer_state_tensors(optimizer) if k == "optim_states" else roots_of(k)
     roots = [t for t in roots if t is not None and not on_host(t)]
-    extra = [p for g in getattr(optimizer, "param_groups", []) for p in g["params"]]
+    extra = _optimizer_params(optimizer)
     cpu = torch.device("cpu")
     held.storages += move(roots, cpu, True, pin_memory, non_blocking, module, extra)
     held.kinds += todo
@@ -195,7 +199,7 @@ def offload(
 
 def reload(held: Offloaded, optimizer: Any, module: torch.nn.Module, non_blocking: bool) -> None:
     """Moves every storage offload() moved back to the device it came from."""
-    extra = [p for g in getattr(optimizer, "param_groups", []) for p in g["params"]]
+    extra = _optimizer_params(optimizer)
     by_device: dict[torch.device, list[torch.Tensor]] = {}
     for storage, device in held.storages:
         root = torch.empty(0, dtype=torch.uint8).set_(storage)

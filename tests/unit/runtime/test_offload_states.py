@@ -163,3 +163,20 @@ def test_bad_arguments_are_refused_by_name(res):
     assert "device='nvme'" in nvme and "'cpu' only" in nvme
     assert "'moments'" in kind and "optim_states" in kind
     assert "zero_optimization.offload_param" in param_offload
+
+
+def test_a_storage_held_from_cpp_undoes_the_move():
+    """A view Python cannot see (here autograd keeps exp's result for its backward) would
+    keep the old storage alive: the move is undone and the error says why."""
+    from deepspeed_ext.runtime.offload_states import move
+
+    a = torch.randn(6, requires_grad=True)
+    b = a.exp()
+    grad_fn = b.grad_fn  # holds b's storage in C++
+    root = b.detach()
+    before, ptr = root.clone(), root.data_ptr()
+    del b
+    with pytest.raises(RuntimeError, match="stay referenced by tensors Python cannot see"):
+        move([root], torch.device("cpu"), True, False, False, nn.Linear(1, 1), [])
+    assert root.data_ptr() == ptr and torch.equal(root, before)  # back on its own storage
+    assert grad_fn is not None
