@@ -149,11 +149,7 @@ at::Tensor softmax_bwd(const at::Tensor& y, const at::Tensor& dy, double scale,
 // CompositeImplicitAutograd, which refuses the fake (meta) implementations torch.compile needs
 // (registered in ops/sparse_attention/kernels.py).
 TORCH_LIBRARY(ds_sparse_attention, m) {
-  m.def(
-      "sdd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut, int nnz, int block) -> "
-      "Tensor");
-  m.def("dsd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
-  m.def("dds(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
+  ds_bind_sa::def_products(m);
   m.def(
       "softmax_fwd(Tensor x, float scale, Tensor? rpe, Tensor? key_padding_mask, "
       "Tensor? attn_mask, Tensor lut) -> Tensor");

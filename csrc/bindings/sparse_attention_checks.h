@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
+#include <torch/library.h>
 
 #include <cstdint>
 #include <optional>
@@ -98,6 +99,16 @@ inline ds::SoftmaxTerms softmax_terms(const char* op, const at::Tensor& x, int64
     t.attn_si = attn->stride(0);
   }
   return t;
+}
+
+// The products' schemas, the same in the CPU and the CUDA library (their softmaxes differ:
+// the CUDA one takes the head count).
+inline void def_products(torch::Library& m) {
+  m.def(
+      "sdd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut, int nnz, int block) -> "
+      "Tensor");
+  m.def("dsd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
+  m.def("dds(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
 }
 
 }  // namespace ds_bind_sa

@@ -176,11 +176,7 @@ void impl_all(M& m) {
 }  // namespace
 
 TORCH_LIBRARY(ds_sparse_attention_cuda, m) {
-  m.def(
-      "sdd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut, int nnz, int block) -> "
-      "Tensor");
-  m.def("dsd(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
-  m.def("dds(Tensor a, bool trans_a, Tensor b, bool trans_b, Tensor lut) -> Tensor");
+  ds_bind_sa::def_products(m);
   m.def(
       "softmax_fwd(Tensor x, float scale, Tensor? rpe, Tensor? key_padding_mask, "
       "Tensor? attn_mask, Tensor lut, int heads) -> Tensor");
