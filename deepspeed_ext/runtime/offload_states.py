@@ -73,9 +73,9 @@ def _optimizer_params(optimizer: Any) -> list[torch.Tensor]:
 def _storage_key(t: torch.Tensor) -> int | None:
     try:
         s = t.untyped_storage()
-    except (RuntimeError, NotImplementedError):  # sparse, meta, functional wrappers
+        return s.data_ptr() if s.nbytes() else None
+    except (RuntimeError, NotImplementedError):  # sparse, meta, fake or functional tensors
         return None
-    return s.data_ptr() if s.nbytes() else None
 
 
 def _views_of(keys: set[int], extra: list[torch.Tensor]) -> dict[int, list[torch.Tensor]]:

@@ -180,3 +180,17 @@ def test_a_storage_held_from_cpp_undoes_the_move():
         move([root], torch.device("cpu"), True, False, False, nn.Linear(1, 1), [])
     assert root.data_ptr() == ptr and torch.equal(root, before)  # back on its own storage
     assert grad_fn is not None
+
+
+def test_tensors_without_data_are_passed_over():
+    """The scan meets tensors whose storage has no data pointer (the fake and functional
+    tensors a torch.compile leaves behind): it passes them over instead of failing."""
+    from deepspeed_ext.runtime.offload_states import move
+
+    lin = nn.Linear(3, 3)
+    compiled = torch.compile(lin, backend="aot_eager")
+    compiled(torch.randn(2, 3, requires_grad=True)).sum().backward()
+    root = torch.randn(5)
+    before = root.clone()
+    assert len(move([root], torch.device("cpu"), True, False, False, nn.Linear(1, 1), [])) == 1
+    assert torch.equal(root, before)
