@@ -9,6 +9,8 @@
   the module's grad_fn runs): fetch them again, as autograd reads the saved parameters.
 - after the module's backward (a hook on its inputs' gradients): release the frozen ones.
   Trainable ones are released by the strategy once their gradient is taken.
+- a parameter several modules own runs each use on its own alias ([Note: per-use aliases of
+  tied parameters]), swapped in after the gather and back by an always-called forward hook.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .external import external_params
 from .gather import release_params
 from .leaf import is_leaf_module
 from .param import is_zero_param
+from .tied import TiedAliases, tied_names
 
 
 def _recomputing() -> bool:
@@ -65,13 +68,22 @@ class ModuleHooks:
         options: Any,
         group: Any,
         on_backward: Callable[[], None],
+        on_tied_grad: Callable[[Any, Any], None] | None = None,
     ) -> None:
         self.on_backward = on_backward  # a backward pass reached a module: arm its end
         self.handles: list[Any] = []
         self.index: dict[int, int] = {}  # id(module) -> module index
         names: list[str] = []
         params: list[list[Any]] = []
-        self._register(root, "", names, params)
+        hooked: list[torch.nn.Module] = []  # modules whose own parameters the hooks gather
+        self._register(root, "", names, params, hooked)
+        self.tied: TiedAliases | None = None
+        if on_tied_grad is not None:
+            self.tied = TiedAliases(tied_names(hooked), on_tied_grad)
+            restore = self.tied.restore
+            for m in hooked:
+                if self.tied.wants(m):
+                    self.handles.append(m.register_forward_hook(restore, always_call=True))
         self.coordinator = GatherCoordinator(
             names,
             params,
@@ -85,7 +97,12 @@ class ModuleHooks:
         self.handles.append(root.register_forward_pre_hook(self._root_pre_forward, prepend=True))
 
     def _register(
-        self, module: torch.nn.Module, name: str, names: list[str], params: list[list[Any]]
+        self,
+        module: torch.nn.Module,
+        name: str,
+        names: list[str],
+        params: list[list[Any]],
+        hooked: list[torch.nn.Module],
     ) -> None:
         leaf = is_leaf_module(module)
         own = [p for p in module.parameters(recurse=leaf) if is_zero_param(p)]
@@ -96,9 +113,12 @@ class ModuleHooks:
             params.append(mine)
             self.handles.append(module.register_forward_pre_hook(self._pre_forward))
             self.handles.append(module.register_forward_hook(self._post_forward))
+            if not leaf:
+                hooked.append(module)
         if not leaf:  # a leaf's children run inside its gather
             for child_name, child in module.named_children():
-                self._register(child, f"{name}.{child_name}" if name else child_name, names, params)
+                child_path = f"{name}.{child_name}" if name else child_name
+                self._register(child, child_path, names, params, hooked)
 
     def _root_pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         self.coordinator.begin_forward()
@@ -106,12 +126,17 @@ class ModuleHooks:
     def _pre_forward(self, module: torch.nn.Module, args: Any) -> None:
         i = self.index[id(module)]
         params = self.params[i]
+        tied = self.tied is not None and self.tied.wants(module)
         if _recomputing():  # [Note: recompute under stage 3]
             self.coordinator.fetch(i, BACKWARD)
+            if tied:
+                self.tied.swap_in(module, alias=False)  # type: ignore[union-attr]
             return
         for p in params:
             p.ds_active += 1
         self.coordinator.fetch(i, FORWARD)
+        if tied:
+            self.tied.swap_in(module, alias=True)  # type: ignore[union-attr]
         if torch.is_grad_enabled():
             frozen = [p for p in params if not p.requires_grad]
             if frozen:

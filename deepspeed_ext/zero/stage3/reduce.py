@@ -10,7 +10,14 @@ to [W, used] and one reduce-scatter leaves this rank's row, summed over ranks, w
 (averaged) into each parameter's shard-sized gradient partition. Buckets come from a pool of
 at most `max_in_flight` + 1 buffers, reused through the backward pass and freed at its end;
 a parameter whose shards alone exceed C gets a buffer of its own for that one
-reduction. Whatever is pending when backward ends is flushed by end_backward().
+reduction (its gradient itself, when that divides into W equal shards). Whatever is
+pending when backward ends is flushed by end_backward().
+
+A gradient partition is made by the first reduction that reaches it and dropped when the
+step's gradients are zeroed, so it does not sit beside the next forward's activations: in
+backward the partitions grow as the activations are freed, and the peak is near the larger
+of the two instead of their sum. A partition nothing reached reads as zeros (part_of makes
+it). Pinned host partitions (optimizer offload from a GPU) stay allocated: pinning is slow.
 """
 
 from __future__ import annotations
@@ -84,14 +91,15 @@ class Stage3Reducer:
         self.bucket_dtype = comm_dtype or accum_dtype
         self.bucket_numel = max(1, bucket_numel)
         self.max_in_flight = max_in_flight
+        self.grad_device = grad_device
         pin = grad_device.type == "cpu" and any(p.ds_device.type != "cpu" for p in params)
-        # part[id(p)]: [S] this rank's shard of p's gradient, accumulated over micro-steps
-        self.part = {
-            id(p): torch.zeros(
-                p.ds_shard_numel, dtype=accum_dtype, device=grad_device, pin_memory=pin
-            )
-            for p in params
-        }
+        self.resident = pin
+        # part[id(p)]: [S] this rank's shard of p's gradient, accumulated over micro-steps;
+        # absent (zero) until a reduction reaches it, unless resident
+        self.part: dict[int, torch.Tensor] = {}
+        if pin:
+            for p in params:
+                self.part_of(p)
         # elements per row of a bucket; never more than every shard (the default 5e8 bucket)
         self.cap = min(-(-self.bucket_numel // self.world), sum(p.ds_shard_numel for p in params))
         self.pool: list[torch.Tensor] = []  # free bucket buffers, dropped when backward ends
@@ -104,9 +112,13 @@ class Stage3Reducer:
         s = p.ds_shard_numel
         if s > self.cap:  # too big for a pooled bucket: a buffer of its own
             self._launch()
-            own = torch.empty(self.world * s, dtype=self.bucket_dtype, device=grad.device)
-            bucket = _Bucket(own, s, pooled=False)
-            self._put(bucket, p, grad)
+            if grad.numel() == self.world * s and grad.dtype == self.bucket_dtype:
+                # already laid out as [W, S]: the gradient is its own bucket (no copy)
+                bucket = _Bucket(grad.reshape(-1), s, pooled=False, used=s, params=[p])
+            else:
+                own = torch.empty(self.world * s, dtype=self.bucket_dtype, device=grad.device)
+                bucket = _Bucket(own, s, pooled=False)
+                self._put(bucket, p, grad)
             self._launch_bucket(bucket)
             return
         if self.current is not None and self.current.used + s > self.cap:
@@ -148,14 +160,34 @@ class Stage3Reducer:
         while len(self.in_flight) > self.max_in_flight:
             self._complete()
 
+    def part_of(self, p: Any) -> torch.Tensor:
+        """p's gradient partition, made (zeros) if no reduction has reached it yet."""
+        part = self.part.get(id(p))
+        if part is None:
+            part = torch.zeros(
+                p.ds_shard_numel,
+                dtype=self.accum_dtype,
+                device=self.grad_device,
+                pin_memory=self.resident,
+            )
+            self.part[id(p)] = part
+        return part
+
     def _complete(self) -> None:
         work, out, bucket = self.in_flight.popleft()
         work.wait()
         off = 0
         for p in bucket.params:
             s = p.ds_shard_numel
-            part = self.part[id(p)]
-            part.add_(out[off : off + s].to(part.device), alpha=self.after)
+            mine = out[off : off + s]
+            part = self.part.get(id(p))
+            if part is None:  # the first reduction makes the partition (no zeros first)
+                part = mine.to(self.grad_device, self.accum_dtype, copy=True)
+                if self.after != 1:
+                    part.mul_(self.after)
+                self.part[id(p)] = part
+            else:
+                part.add_(mine.to(part.device), alpha=self.after)
             off += s
         if bucket.pooled:
             bucket.used, bucket.params = 0, []
@@ -171,8 +203,12 @@ class Stage3Reducer:
         self.made = 0
 
     def grads(self) -> list[torch.Tensor]:
+        """The partitions made so far (those not made are zeros)."""
         return list(self.part.values())
 
     def zero(self) -> None:
-        for g in self.part.values():
-            g.zero_()
+        if self.resident:
+            for g in self.part.values():
+                g.zero_()
+        else:
+            self.part.clear()

@@ -87,7 +87,7 @@ class Stage3Strategy:
             self._params_to_nvme()
         self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
         mark_config_leaves(module, options.leaf_module)  # before the hooks go in
-        self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass)
+        self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass, self._on_use_grad)
         self._in_backward = False
         # persistence is fixed at partitioning: these stay gathered and are refreshed
         params: list[Any] = list(module.parameters())
@@ -229,7 +229,7 @@ class Stage3Strategy:
             optimizer.step()
 
     def _grad_for(self, p: Any) -> torch.Tensor:
-        g = self.reducer.part[id(p)]
+        g = self.reducer.part_of(p)
         return g if g.dtype == torch.float32 or self.mixed_grads_ok else g.float()
 
     def resident_optimizer(self) -> Any:
@@ -297,6 +297,14 @@ class Stage3Strategy:
         self.begin_pass()
         g, p.grad = p.grad, None
         if g is not None:
+            self.reducer.add(p, g)
+        release_params([p])
+
+    def _on_use_grad(self, p: Any, alias: Any) -> None:
+        """One use's gradient of a tied parameter ([Note: per-use aliases of tied parameters])."""
+        self.begin_pass()
+        g, alias.grad = alias.grad, None
+        if g is not None and id(p) in self.trainable_ids:
             self.reducer.add(p, g)
         release_params([p])
 
@@ -368,7 +376,7 @@ class Stage3Strategy:
                 "(offload_optimizer nvme): read them from a checkpoint instead"
             )
         master = self.masters[id(p)]
-        owner = state_owner(self.optimizer, master, which, self.reducer.part[id(p)])
+        owner = state_owner(self.optimizer, master, which, self.reducer.part_of(p))
         frag = Fragment(p.ds_shard_numel, 0, p.ds_numel, p.ds_shape, self.rank, self.dp)
         return (frag, owner) if owner is not None else None
 

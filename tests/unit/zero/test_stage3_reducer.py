@@ -97,3 +97,25 @@ def test_no_full_gradient_is_kept_past_its_hook():
     gc.collect()
     assert all(r() is None for r in refs), "a gradient outlived its copy into the bucket"
     red.flush()
+
+
+def test_partitions_are_made_by_backward_and_freed_by_zero():
+    """No gradient partition sits beside the next forward's activations: none exists before
+    a reduction reaches it, zero() drops them all, and one nothing reached reads as zeros."""
+    params = [param(n) for n in (6, 9, 4)]
+    group = AxisGroup(None, tuple(range(W)), RANK)
+    red = Stage3Reducer(
+        params, torch.float32, torch.device("cpu"), 12, group, scatter=scatter_of_identical_ranks
+    )
+    assert red.grads() == []
+    for step in range(2):
+        g0, g1 = torch.randn(6), torch.randn(9)
+        red.add(params[0], g0)
+        red.add(params[1], g1)
+        red.flush()
+        assert sorted(red.part) == sorted([id(params[0]), id(params[1])])
+        torch.testing.assert_close(red.part_of(params[0]), own_shard(g0, 2), rtol=0, atol=1e-6)
+        torch.testing.assert_close(red.part_of(params[1]), own_shard(g1, 3), rtol=0, atol=1e-6)
+        assert red.part_of(params[2]).tolist() == [0.0, 0.0]  # unused this step: zeros
+        red.zero()
+        assert red.grads() == [], f"step {step}: partitions kept past zero()"

@@ -59,9 +59,12 @@ def test_bf16_tracks_stage0():
 
 
 def test_gpt_tied_weights_nested_modules_match_stage0():
-    """Tied embeddings (one parameter in two modules), nested blocks, a module list."""
+    """Tied embeddings (one parameter in two modules), nested blocks, a module list. Each use
+    of the tied weight runs on its own alias, reduced on its own ([Note: per-use aliases of
+    tied parameters]): 2 uses in each of 6 micro-steps."""
     ref = run_ranks(train_gpt, 2, 0)
     got = run_ranks(train_gpt, 2, 3)
+    assert got[0]["stats"]["tied_uses"] == 12, got[0]["stats"]
     # Stage 2 differs from stage 0 by the same 6e-5 here (the reduce-scatter sums in another
     # order and Adam magnifies it where gradients are tiny); a wrong gradient moves params by
     # about lr = 1e-2 per step.

@@ -3,7 +3,8 @@ formulas as the memory estimator computes them ([Note: model-state memory] in
 deepspeed_ext/zero/estimate.py): Psi params, K = 12 (fp32 master, m, v), N ranks, 16-bit
 model and gradients (bf16 model, grad_accum_dtype bf16):
   stage 0: (2 + 2 + K) Psi    stage 1: 2Psi + 2Psi + K Psi / N    stage 2: 2Psi + (2 + K) Psi / N
-  stage 3: (2 + 2 + K) Psi / N (measured after a step, when every parameter is released)
+  stage 3: (2 + 2 + K) Psi / N (measured after a step, when every parameter is released; its
+  gradient partitions are measured before the step: the step's zeroing frees them)
 and for an fp32 model with fp32 gradients K = 8: its own chunks are the masters.
 """
 
@@ -55,11 +56,12 @@ def _measure(stage: int, dtype: str = "bf16") -> dict:
         getattr(torch, {"bf16": "bfloat16"}.get(dtype, "float32"))
     )
     engine.backward(engine(x).float().pow(2).mean())
-    engine.step()
     s = engine.strategy
+    held = list(s.reducer.grads()) if stage == 3 else []
+    engine.step()
     if stage == 3:  # the model's .data is empty: shards, grad partitions, fp32 masters
         params = [t for p in engine.module.parameters() for t in (p.data, p.ds_tensor)]
-        grads = s.reducer.grads()
+        grads = held
         masters = list(s.masters.values())
     elif stage == 0:
         params = list(engine.module.parameters())

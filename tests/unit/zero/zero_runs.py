@@ -148,6 +148,8 @@ def train_gpt(
         params = {n: p.detach().float().clone() for n, p in engine.module.named_parameters()}
     hooks = getattr(engine.strategy, "hooks", None)
     stats = dict(hooks.coordinator.stats) if hooks is not None else {}
+    if hooks is not None and hooks.tied is not None:
+        stats["tied_uses"] = hooks.tied.uses
     return {"params": params, "losses": losses, "stats": stats}
 
 
