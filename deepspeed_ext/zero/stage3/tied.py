@@ -66,7 +66,8 @@ class TiedAliases:
         swapped = []
         for n in self.names[id(module)]:
             p = module._parameters[n]
-            assert p is not None  # tied_names lists set parameters only
+            if p is None:  # unset since the hooks went in
+                continue
             a = torch.nn.Parameter(p.data, requires_grad=True)
             a.register_post_accumulate_grad_hook(lambda a, p=p: self.on_grad(p, a))
             module._parameters[n] = a
