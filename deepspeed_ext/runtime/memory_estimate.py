@@ -3,7 +3,9 @@ runtime keeps in flight, from the model and the DeepSpeed config.
 
 [Note: whole-job memory estimate]
   model states   zero_model_state_memory ([Note: model-state memory]) without stage 3's
-                 gathered window, which the buffers below model as this runtime runs it
+                 gathered window, which the buffers below model as this runtime runs it.
+                 Stage 3's gradient partitions are made during backward, as activations
+                 are freed, so counting them beside the activations is an upper bound
   activations    what autograd saves in one forward of a micro-batch (activation_bytes()
                  measures it on a sample batch; the caller may pass its own figure)
   buffers        stage 2: the reduce buckets alive at once (the one filling + 2 in flight);
