@@ -221,6 +221,30 @@ class NVMeSwapper:
             for buf in staged:
                 self._give(buf)
 
+    def empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A tensor for swap_in to read into without a bounce copy: page-aligned (huge-page
+        aligned from 2 MiB, as the op measured faster), pinned where CUDA is. Hand it to
+        release() when done."""
+        return self._handle.new_cpu_locked_tensor(numel, torch.empty(0, dtype=dtype))
+
+    def release(self, tensor: torch.Tensor) -> None:
+        """A tensor from empty(): its memory goes with its last reference."""
+        if tensor.numel():
+            self._handle.free_cpu_locked_tensor(tensor)
+
+    def discard(self, key: str) -> None:
+        """Forgets `key` and removes its file (after its I/O)."""
+        if key in self._reading:
+            self.wait_reads()
+        if key in self._writing:
+            self.wait_writes()
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            try:
+                os.unlink(entry.path)
+            except FileNotFoundError:
+                pass
+
     def nbytes_on_disk(self) -> int:
         return sum(e.nbytes for e in self._entries.values())
 

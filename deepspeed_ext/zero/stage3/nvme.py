@@ -10,6 +10,9 @@
   sub_group_size elements: swap a sub-group in, step only its parameters, write the new
   values into the parameter shards, swap it out; CPU memory holds one sub-group's states at
   a time (the gradients stay in CPU memory).
+- both on NVMe with an fp32 model: a trainable parameter's shard and its fp32 master are the
+  same bytes, so the shard lives in the master's file ([Note: one file for a shard and its
+  master]).
 Swap files are named by ds_id and master index, under <nvme_path>/zero_stage_3/<tag>/rank<r>.
 """
 
@@ -70,11 +73,38 @@ class ParamSwap:
         self.pool = pool
         self._ahead: dict[int, int] = {}  # id(param) -> pool buffer being read into
         self._lent: dict[int, int] = {}  # id(param) -> pool buffer fetch() handed out
+        # id(param) -> (swapper, key) of a file another owner keeps: the master's
+        self._homes: dict[int, tuple[NVMeSwapper, str]] = {}
         self.stats = {"read_ahead": 0, "fetched_ahead": 0, "fetched_cold": 0}
 
     @staticmethod
     def _key(p: Any) -> str:
         return f"param{p.ds_id}"
+
+    def _home(self, p: Any) -> tuple[NVMeSwapper, str]:
+        return self._homes.get(id(p)) or (self.swapper, self._key(p))
+
+    def share(self, p: Any, swapper: NVMeSwapper, key: str) -> None:
+        """[Note: one file for a shard and its master]
+        With both offloads on NVMe and an fp32 model, the optimizer's fp32 master of a
+        trainable parameter is its shard, byte for byte, and the optimizer writes it after
+        every step: p's shard is read from that file, and p's own file goes. The step then
+        writes each shard once instead of twice (no synchronous shard write after the
+        master's) and the disk holds it once. `swapper` orders a read after the write of
+        the same key, so a gather never reads a master being written."""
+        self.stale(p)
+        self.swapper.discard(self._key(p))
+        self._homes[id(p)] = (swapper, key)
+
+    def shares(self, p: Any) -> bool:
+        return id(p) in self._homes
+
+    def stale(self, p: Any) -> None:
+        """p's file is about to change: a read-ahead of the old value is dropped."""
+        i = self._ahead.pop(id(p), None)
+        if i is not None and self.pool is not None:
+            self._home(p)[0].wait_reads()
+            self.pool.give(i)
 
     def attach(self, p: Any) -> None:
         self.swapper.swap_out(self._key(p), p.ds_tensor)
@@ -89,20 +119,22 @@ class ParamSwap:
         if i is None:
             return False
         assert self.pool is not None
-        self.swapper.swap_in(self._key(p), self.pool.view(i, p), async_op=True)
+        swapper, key = self._home(p)
+        swapper.swap_in(key, self.pool.view(i, p), async_op=True)
         self._ahead[id(p)] = i
         self.stats["read_ahead"] += 1
         return True
 
     def fetch(self, p: Any) -> torch.Tensor:
+        swapper, key = self._home(p)
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
-            self.swapper.wait()
+            swapper.wait_reads()
             self._lent[id(p)] = i
             self.stats["fetched_ahead"] += 1
             return self.pool.view(i, p)
         out = torch.empty(p.ds_shard_numel, dtype=p.dtype)
-        self.swapper.swap_in(self._key(p), out)
+        swapper.swap_in(key, out)
         self.stats["fetched_cold"] += 1
         return out
 
@@ -113,11 +145,9 @@ class ParamSwap:
             self.pool.give(i)
 
     def store(self, p: Any, value: torch.Tensor) -> None:
-        i = self._ahead.pop(id(p), None)  # a read-ahead of the old value is stale now
-        if i is not None and self.pool is not None:
-            self.swapper.wait()
-            self.pool.give(i)
-        self.swapper.swap_out(self._key(p), value.contiguous())
+        self.stale(p)
+        swapper, key = self._home(p)
+        swapper.swap_out(key, value.contiguous())
 
 
 def offload_params(
@@ -186,8 +216,21 @@ class OptimizerSwap:
     def attach(self, optimizer: Any, params: list[Any], masters: list[torch.Tensor]) -> None:
         self.optimizer, self.params, self.masters = optimizer, params, masters
         for i, m in enumerate(masters):
+            p, numel = params[i], m.numel()
             self.swapper.swap_out(f"master{i}", m.data)
             m.data = torch.empty(0, dtype=m.dtype)
+            swap = getattr(p, "ds_swap", None)
+            if swap is not None and p.dtype == m.dtype and p.ds_shard_numel == numel:
+                swap.share(p, self.swapper, f"master{i}")  # [Note: one file for a shard ...]
+
+    def _store_shard(self, i: int) -> None:
+        """The stepped master's value into its parameter's shard: nothing to do when the
+        shard's file is the master's, which the step writes next."""
+        p = self.params[i]
+        if getattr(p, "ds_swap", None) is not None and p.ds_swap.shares(p):
+            p.ds_swap.stale(p)
+        else:
+            write_shard(p, self.masters[i].data)
 
     # -- moving one master and its state --
     def _state_tensors(self, m: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -195,11 +238,12 @@ class OptimizerSwap:
         return {k: v for k, v in st.items() if torch.is_tensor(v) and k != "step" and v.dim()}
 
     def _swap_in(self, i: int, numel: int) -> None:
+        """Into aligned memory from the swapper: no bounce copy in the I/O op."""
         m = self.masters[i]
-        m.data = torch.empty(numel, dtype=m.dtype)
+        m.data = self.swapper.empty(numel, m.dtype)
         self.swapper.swap_in(f"master{i}", m.data, async_op=True)
         for k, v in self._state_tensors(m).items():
-            full = torch.empty(numel, dtype=v.dtype)
+            full = self.swapper.empty(numel, v.dtype)
             self.swapper.swap_in(f"master{i}.{k}", full, async_op=True)
             self.optimizer.state[m][k] = full
 
@@ -212,7 +256,9 @@ class OptimizerSwap:
     def _drop(self, i: int) -> None:
         m = self.masters[i]
         for k, v in self._state_tensors(m).items():
+            self.swapper.release(v)
             self.optimizer.state[m][k] = torch.empty(0, dtype=v.dtype)
+        self.swapper.release(m.data)
         m.data = torch.empty(0, dtype=m.dtype)
 
     def _sub_groups(self) -> Iterator[list[int]]:
@@ -247,7 +293,7 @@ class OptimizerSwap:
             if subs:
                 self._read(subs[0])
             for k, sub in enumerate(subs):
-                sw.wait_reads()  # sub-group k is in memory
+                self.swapper.wait_reads()  # sub-group k is in memory
                 if self.pipeline_read and k + 1 < len(subs):
                     self._read(subs[k + 1])  # overlaps this step
                     self.stats["overlapped_reads"] += 1
@@ -259,17 +305,17 @@ class OptimizerSwap:
                 opt.step()
                 if self.pipeline_write:  # the previous sub-group's write overlapped the step
                     self.stats["overlapped_writes"] += bool(written)
-                    sw.wait_writes()
+                    self.swapper.wait_writes()
                     for i in written:
                         self._drop(i)
                     written = []
                 for i in sub:
                     self.masters[i].grad = None
-                    write_shard(self.params[i], self.masters[i].data)
+                    self._store_shard(i)
                     self._swap_out(i)
                 written += sub
                 if not self.pipeline_write:
-                    sw.wait_writes()
+                    self.swapper.wait_writes()
                     for i in written:
                         self._drop(i)
                     written = []
@@ -287,12 +333,12 @@ class OptimizerSwap:
         """Every master and state in memory (a checkpoint save or load); swapped out after."""
         for i, p in enumerate(self.params):
             self._swap_in(i, p.ds_shard_numel)
-        self.swapper.wait()
+        self.swapper.wait_reads()
         try:
             yield
         finally:
             for i in range(len(self.masters)):
                 self._swap_out(i)
-            self.swapper.wait()
+            self.swapper.wait_writes()
             for i in range(len(self.masters)):
                 self._drop(i)

@@ -107,6 +107,12 @@ def test_nvme_param_and_optimizer_offload_match_stage0(tmp_path):
     got = run_ranks(train, 2, 3, 4, 2, nvme)
     _assert_same(got, ref, atol=2e-6, rtol=1e-5)
     assert got[0]["swapped"]["params"] > 0 and got[0]["swapped"]["optimizer_bytes"] > 0
+    # fp32 model: every swapped trainable shard is read from its master's file ([Note: one
+    # file for a shard and its master]) and has no file of its own; the frozen embed.bias
+    # (no master) keeps its own: 20 fp32 elements a rank
+    swapped = got[0]["swapped"]
+    assert swapped["shared"] == swapped["params"] - 1, swapped
+    assert swapped["param_bytes"] == 20 * 4, swapped
     # offload_param's default 5 buffers: shards beyond the gather window (one module's worth
     # here) are read ahead, and their gathers find them read
     assert got[0]["swapped"]["fetched_ahead"] > 0, got[0]["swapped"]
@@ -126,6 +132,19 @@ def test_pipelined_nvme_optimizer_swap_matches_stage0(tmp_path):
     plain = run_ranks(train, 2, 3, 4, 2, z3(offload_optimizer=off, sub_group_size=500))
     assert plain[0]["swapped"]["overlapped_reads"] == 0, plain[0]["swapped"]
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
+
+
+def test_bf16_nvme_keeps_shard_files_of_their_own(tmp_path):
+    """A bf16 shard is not its fp32 master's bytes: each keeps its own file."""
+    bf16 = {"bf16": {"enabled": True}}
+    ref = stage0(2, 4, 2, bf16)
+    nvme = z3(
+        offload_param={"device": "nvme", "nvme_path": str(tmp_path), "max_in_cpu": 0},
+        offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path)},
+    )
+    got = run_ranks(train, 2, 3, 4, 2, {**bf16, **nvme})
+    _assert_same(got, ref, atol=1e-2, rtol=1e-2)
+    assert got[0]["swapped"]["shared"] == 0 and got[0]["swapped"]["param_bytes"] > 0
 
 
 def test_nvme_without_read_ahead_buffers_matches_stage0(tmp_path):

@@ -93,6 +93,10 @@ def train(
     swapped = {
         "params": sum(getattr(p, "ds_swap", None) is not None for p in model.parameters()),
         "optimizer_bytes": opt_swap.swapper.nbytes_on_disk() if opt_swap else 0,
+        "param_bytes": sum(sw.swapper.nbytes_on_disk() for sw in swaps.values()),
+        "shared": sum(
+            bool(getattr(p, "ds_swap", None) and p.ds_swap.shares(p)) for p in model.parameters()
+        ),
         **{k: sum(sw.stats[k] for sw in swaps.values()) for k in ("read_ahead", "fetched_ahead")},
         **(opt_swap.stats if opt_swap else {}),
     }
