@@ -150,11 +150,14 @@ class Stage3Reducer:
             self.pool.append(bucket.flat)
 
     def _launch_bucket(self, bucket: _Bucket) -> None:
-        flat = bucket.close_up(self.world)
+        # a full bucket's rows are in place already (close_up would copy each one twice)
+        full = bucket.used == bucket.cap
+        flat = bucket.flat if full else bucket.close_up(self.world)
+        width = bucket.used
         if self.before != 1:
             flat.mul_(self.before)
         # this rank's row of the bucket: the reduce-scatter runs in place (no output buffer)
-        out = flat.view(self.world, bucket.used)[self.group.rank]
+        out = flat.view(self.world, width)[self.group.rank]
         work = self.scatter(out, flat, group=self.group)
         self.in_flight.append((work, out, bucket))
         while len(self.in_flight) > self.max_in_flight:

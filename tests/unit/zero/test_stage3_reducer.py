@@ -51,8 +51,9 @@ def test_fill_shards_zeroes_the_padding_and_close_up_packs_rows():
     assert b.close_up(W).tolist() == [0, 1, 2, 3, 4, 0]
 
 
-@pytest.mark.parametrize("bucket_numel", [30, 12, 10**9])
+@pytest.mark.parametrize("bucket_numel", [30, 12, 60, 10**9])
 def test_partitions_are_this_ranks_shards_through_pooled_buckets(bucket_numel):
+    """Part-filled buckets (rows closed up) at 30, 12 and 60; one full bucket at 10**9."""
     params = [param(n) for n in (7, 5, 40, 1, 9, 9, 3)]  # 40 > any bucket of 30 / 12
     group = AxisGroup(None, tuple(range(W)), RANK)
     red = Stage3Reducer(
