@@ -293,7 +293,7 @@ class OptimizerSwap:
             if subs:
                 self._read(subs[0])
             for k, sub in enumerate(subs):
-                self.swapper.wait_reads()  # sub-group k is in memory
+                sw.wait_reads()  # sub-group k is in memory
                 if self.pipeline_read and k + 1 < len(subs):
                     self._read(subs[k + 1])  # overlaps this step
                     self.stats["overlapped_reads"] += 1
@@ -305,7 +305,7 @@ class OptimizerSwap:
                 opt.step()
                 if self.pipeline_write:  # the previous sub-group's write overlapped the step
                     self.stats["overlapped_writes"] += bool(written)
-                    self.swapper.wait_writes()
+                    sw.wait_writes()
                     for i in written:
                         self._drop(i)
                     written = []
@@ -315,7 +315,7 @@ class OptimizerSwap:
                     self._swap_out(i)
                 written += sub
                 if not self.pipeline_write:
-                    self.swapper.wait_writes()
+                    sw.wait_writes()
                     for i in written:
                         self._drop(i)
                     written = []

@@ -45,6 +45,8 @@ class _Bucket:
     def close_up(self, world: int) -> torch.Tensor:
         """The filled columns as one contiguous [W, used] block at the buffer's start (the
         collective wants each rank's chunk contiguous)."""
+        if self.used == self.cap:  # full: every row is in its place already
+            return self.flat
         rows = self.rows(world)
         for r in range(1, world):
             src = rows[r, : self.used]
@@ -150,14 +152,11 @@ class Stage3Reducer:
             self.pool.append(bucket.flat)
 
     def _launch_bucket(self, bucket: _Bucket) -> None:
-        # a full bucket's rows are in place already (close_up would copy each one twice)
-        full = bucket.used == bucket.cap
-        flat = bucket.flat if full else bucket.close_up(self.world)
-        width = bucket.used
+        flat = bucket.close_up(self.world)
         if self.before != 1:
             flat.mul_(self.before)
         # this rank's row of the bucket: the reduce-scatter runs in place (no output buffer)
-        out = flat.view(self.world, width)[self.group.rank]
+        out = flat.view(self.world, bucket.used)[self.group.rank]
         work = self.scatter(out, flat, group=self.group)
         self.in_flight.append((work, out, bucket))
         while len(self.in_flight) > self.max_in_flight:

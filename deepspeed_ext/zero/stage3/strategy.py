@@ -87,7 +87,7 @@ class Stage3Strategy:
             self._params_to_nvme()
         self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
         mark_config_leaves(module, options.leaf_module)  # before the hooks go in
-        self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass, self._on_use_grad)
+        self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass, self._on_grad)
         self._in_backward = False
         # persistence is fixed at partitioning: these stay gathered and are refreshed
         params: list[Any] = list(module.parameters())
@@ -293,17 +293,12 @@ class Stage3Strategy:
             og["params"] = [self.masters[id(p)] for p in params]
 
     # -- backward --
-    def _on_grad(self, p: Any) -> None:
+    def _on_grad(self, p: Any, holder: Any = None) -> None:
+        """p's gradient, held by p or by the alias of one of its uses ([Note: per-use
+        aliases of tied parameters]), into the reducer; p is released."""
+        holder = p if holder is None else holder
         self.begin_pass()
-        g, p.grad = p.grad, None
-        if g is not None:
-            self.reducer.add(p, g)
-        release_params([p])
-
-    def _on_use_grad(self, p: Any, alias: Any) -> None:
-        """One use's gradient of a tied parameter ([Note: per-use aliases of tied parameters])."""
-        self.begin_pass()
-        g, alias.grad = alias.grad, None
+        g, holder.grad = holder.grad, None
         if g is not None and id(p) in self.trainable_ids:
             self.reducer.add(p, g)
         release_params([p])
