@@ -1,4 +1,5 @@
-"""Benchmark: block-sparse attention on a CUDA GPU, forward + backward, against
+"""Benchmark: block-sparse attention on a CUDA GPU, forward + backward (fused, and the unfused
+block-sparse ops), against
 FlexAttention given the same layout as a block mask, torch SDPA given it as a dense boolean
 mask, and dense SDPA with no mask (flash attention: the cost of ignoring the sparsity).
 
@@ -119,6 +120,8 @@ def run_case(
         HEADS, block, num_sliding_window_blocks=window, attention="bidirectional"
     )
     att = SparseSelfAttention(config, max_seq_length=seq)
+    unfused = SparseSelfAttention(config, max_seq_length=seq)
+    unfused.fused = False  # the block-sparse products and softmax, scores in memory
     layout = att.get_layout(seq).to("cuda")
     density = float(layout.float().mean())
     torch.manual_seed(0)
@@ -143,6 +146,7 @@ def run_case(
     q.grad = k.grad = v.grad = None
     impls: dict[str, Callable[[], torch.Tensor]] = {
         "ours": lambda: att(q, k, v),
+        "ours_unfused": lambda: unfused(q, k, v),
         "flex": lambda: flex(q, k, v, block_mask=bm, kernel_options=opts),
         "sdpa_flash_dense": lambda: F.scaled_dot_product_attention(q, k, v),
     }
@@ -180,7 +184,7 @@ def run_case(
             if dense_mask is not None:
                 sdpa = F.scaled_dot_product_attention(q, k, v, attn_mask=dense_mask).float()
                 res["ours_max_err_vs_sdpa_masked"] = float((ours - sdpa).abs().max())
-    for peer in ("flex", "sdpa_masked", "sdpa_flash_dense"):
+    for peer in ("ours_unfused", "flex", "sdpa_masked", "sdpa_flash_dense"):
         if "ms" in res.get("ours", {}) and "ms" in res.get(peer, {}):
             res[f"speedup_vs_{peer}"] = res[peer]["ms"] / res["ours"]["ms"]
     return res
@@ -209,14 +213,27 @@ def main() -> int:
 
             rows.append(
                 [f"{seq} / {block}", f"{r['sparsity']:.1%}"]
-                + [cell(r.get(n, {"error": "-"})) for n in ("ours", "flex", "sdpa_masked")]
+                + [
+                    cell(r.get(n, {"error": "-"}))
+                    for n in ("ours", "ours_unfused", "flex", "sdpa_masked")
+                ]
                 + [cell(r.get("sdpa_flash_dense", {"error": "-"}))]
                 + [f"{r.get('speedup_vs_flex', float('nan')):.2f}x"]
             )
             print(json.dumps(r), flush=True)
     print(f"batch 1, {HEADS} heads, head_dim {DIM}, bf16, fwd+bwd, median of {args.iters}")
     print_table(
-        ["seq / block", "sparsity", "ours", "flex", "sdpa masked", "sdpa dense", "vs flex"], rows
+        [
+            "seq / block",
+            "sparsity",
+            "ours (fused)",
+            "ours unfused",
+            "flex",
+            "sdpa masked",
+            "sdpa dense",
+            "vs flex",
+        ],
+        rows,
     )
     warn = busy_warning()
     payload = {

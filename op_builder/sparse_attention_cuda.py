@@ -7,5 +7,9 @@ from .builder import CUDAOpBuilder
 
 class SparseAttnCudaBuilder(CUDAOpBuilder):
     NAME = "sparse_attention_cuda"
-    SOURCES = ("sparse_attention/sparse_attention.cu", "bindings/sparse_attention_cuda.cpp")
+    SOURCES = (
+        "sparse_attention/sparse_attention.cu",
+        "sparse_attention/sparse_flash.cu",
+        "bindings/sparse_attention_cuda.cpp",
+    )
     INCLUDES = ("includes", ".", "bindings")

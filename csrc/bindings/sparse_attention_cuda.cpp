@@ -14,8 +14,10 @@
 
 #include <cstdint>
 #include <optional>
+#include <tuple>
 
 #include "sparse_attention/sparse_attention_cuda.h"
+#include "sparse_attention/sparse_flash_cuda.h"
 #include "sparse_attention_checks.h"
 
 namespace {
@@ -164,8 +166,94 @@ at::Tensor softmax_bwd(const at::Tensor& y, const at::Tensor& dy, double scale,
   return dx;
 }
 
+// Fused attention's dense operands: contiguous [batch, heads, seq, head_dim] of `like`'s shape,
+// dtype (fp16 or bf16) and device.
+void check_dense16(const char* op, const at::Tensor& t, const char* name, const at::Tensor& like) {
+  check_float(op, t, name, kDev);
+  TORCH_CHECK(t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16, op, ": ", name,
+              " has dtype ", t.scalar_type(),
+              "; the fused kernels take float16 or bfloat16 (float32 runs unfused)");
+  TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.device() == like.device(), op, ": ", name,
+              " is ", t.scalar_type(), " on ", t.device(), " but q is ", like.scalar_type(), " on ",
+              like.device());
+  TORCH_CHECK(t.dim() == 4 && t.sizes() == like.sizes() && t.is_contiguous(), op, ": ", name,
+              " has shape ", t.sizes(), (t.is_contiguous() ? "" : " (not contiguous)"),
+              "; expected a contiguous [batch, heads, seq, head_dim] of q's shape ", like.sizes());
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.const_data_ptr()) % 16 == 0, op, ": ", name,
+              " starts at an address that is not a multiple of 16 bytes (a view at an odd offset); "
+              "pass a copy (.clone())");
+}
+
+// The layout's table for fused attention on q ([batch, heads, seq, head_dim]): the block and
+// head size the kernels take, a device of compute capability 8.0 or later (bf16 tensor cores).
+BlockLut flash_lut(const char* op, const at::Tensor& q, const at::Tensor& lut, int64_t block) {
+  check_dense16(op, q, "q", q);
+  const int64_t heads = q.size(1), seq = q.size(2), head_dim = q.size(3);
+  TORCH_CHECK(ds::bsr_flash_ok(block, head_dim), op, ": block=", block, ", head_dim=", head_dim,
+              "; the fused kernels take blocks of 64 or 128 and head_dim 64 or 128");
+  TORCH_CHECK(seq > 0 && seq % block == 0, op, ": seq=", seq,
+              " is not a whole number of blocks of ", block);
+  const int64_t keys = heads * (seq / block), rest = lut.numel() - 4 - 2 * (keys + 1);
+  TORCH_CHECK(rest >= 0 && rest % 5 == 0, op, ": lut has ", lut.numel(),
+              " entries, which fits no layout of ", heads, " heads and ", seq / block,
+              " blocks a side");
+  int major = 0, minor = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.get_device()));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, q.get_device()));
+  TORCH_CHECK(major >= 8, op, ": ", q.device(), " has compute capability ", major, ".", minor,
+              "; the fused kernels need 8.0 or later");
+  return lut_of(op, lut, q, rest / 5, heads, seq, block);
+}
+
+std::tuple<at::Tensor, at::Tensor> flash_fwd(const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v, const at::Tensor& lut,
+                                             int64_t block, double scale) {
+  constexpr const char* op = "sparse_attention_cuda.flash_fwd";
+  const BlockLut L = flash_lut(op, q, lut, block);
+  check_dense16(op, k, "k", q);
+  check_dense16(op, v, "v", q);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor o = at::empty_like(q);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
+  C10_CUDA_CHECK(ds::bsr_flash_fwd_cuda(
+      dtype_of(q), L, q.const_data_ptr(), k.const_data_ptr(), v.const_data_ptr(), o.data_ptr(),
+      lse.data_ptr<float>(), q.size(0), q.size(3), static_cast<float>(scale), stream_of(q)));
+  return {o, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_bwd(const at::Tensor& q, const at::Tensor& k,
+                                                         const at::Tensor& v, const at::Tensor& o,
+                                                         const at::Tensor& lse,
+                                                         const at::Tensor& dout,
+                                                         const at::Tensor& lut, int64_t block,
+                                                         double scale) {
+  constexpr const char* op = "sparse_attention_cuda.flash_bwd";
+  const BlockLut L = flash_lut(op, q, lut, block);
+  check_dense16(op, k, "k", q);
+  check_dense16(op, v, "v", q);
+  check_dense16(op, o, "o", q);
+  check_dense16(op, dout, "dout", q);
+  TORCH_CHECK(lse.device() == q.device() && lse.scalar_type() == at::kFloat && lse.dim() == 3 &&
+                  lse.size(0) == q.size(0) && lse.size(1) == q.size(1) &&
+                  lse.size(2) == q.size(2) && lse.is_contiguous(),
+              op, ": lse must be the forward's contiguous float32 [", q.size(0), ", ", q.size(1),
+              ", ", q.size(2), "] on ", q.device(), ", got ", lse.sizes(), " ", lse.scalar_type(),
+              " on ", lse.device());
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor dvec = at::empty_like(lse);
+  at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  C10_CUDA_CHECK(ds::bsr_flash_bwd_cuda(
+      dtype_of(q), L, q.const_data_ptr(), k.const_data_ptr(), v.const_data_ptr(),
+      o.const_data_ptr(), lse.const_data_ptr<float>(), dout.const_data_ptr(),
+      dvec.data_ptr<float>(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), q.size(0), q.size(3),
+      static_cast<float>(scale), stream_of(q)));
+  return {dq, dk, dv};
+}
+
 template <class M>
 void impl_all(M& m) {
+  m.impl("flash_fwd", &flash_fwd);
+  m.impl("flash_bwd", &flash_bwd);
   m.impl("sdd", &sdd);
   m.impl("dsd", &dsd);
   m.impl("dds", &dds);
@@ -181,6 +269,12 @@ TORCH_LIBRARY(ds_sparse_attention_cuda, m) {
       "softmax_fwd(Tensor x, float scale, Tensor? rpe, Tensor? key_padding_mask, "
       "Tensor? attn_mask, Tensor lut, int heads) -> Tensor");
   m.def("softmax_bwd(Tensor y, Tensor dy, float scale, Tensor lut, int heads) -> Tensor");
+  m.def(
+      "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale) -> (Tensor, "
+      "Tensor)");
+  m.def(
+      "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
+      "int block, float scale) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ds_sparse_attention_cuda, CUDA, m) { impl_all(m); }

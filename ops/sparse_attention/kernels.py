@@ -42,6 +42,7 @@ def _cuda_available() -> bool:
         try:
             _cuda_op = SparseAttnCudaBuilder().load()
             _register_fakes("ds_sparse_attention_cuda", softmax_heads=True)
+            register_flash_autograd("ds_sparse_attention_cuda")
         except OpBuildError as e:
             warnings.warn(
                 f"sparse attention CUDA kernels unavailable, using torch ops: {e}", stacklevel=2
@@ -52,7 +53,7 @@ def _cuda_available() -> bool:
 
 def _register_fakes(lib: str, softmax_heads: bool = False) -> None:
     """Shapes of each op's result from its inputs alone, so torch.compile can trace them. The
-    CUDA op's softmax takes the head count as well."""
+    CUDA op's softmax takes the head count as well, and it has the fused attention ops."""
 
     @torch.library.register_fake(f"{lib}::sdd")
     def _sdd(a, trans_a, b, trans_b, lut, nnz, block):
@@ -78,6 +79,14 @@ def _register_fakes(lib: str, softmax_heads: bool = False) -> None:
         def _softmax_bwd_h(y, dy, scale, lut, heads):
             return torch.empty_like(y)
 
+        @torch.library.register_fake(f"{lib}::flash_fwd")
+        def _flash_fwd(q, k, v, lut, block, scale):
+            return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+        @torch.library.register_fake(f"{lib}::flash_bwd")
+        def _flash_bwd(q, k, v, o, lse, dout, lut, block, scale):
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
         return
 
     @torch.library.register_fake(f"{lib}::softmax_fwd")
@@ -87,6 +96,26 @@ def _register_fakes(lib: str, softmax_heads: bool = False) -> None:
     @torch.library.register_fake(f"{lib}::softmax_bwd")
     def _softmax_bwd(y, dy, scale, lut):
         return torch.empty_like(y)
+
+
+def register_flash_autograd(lib: str) -> None:
+    """flash_fwd's backward is flash_bwd, from the saved inputs, output and log-sum-exp. As a
+    custom op's autograd (not an autograd.Function), so torch.compile traces it, also when one
+    tensor is passed as q, k and v."""
+
+    def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+        q, k, v, lut, block, scale = inputs
+        o, lse = output
+        ctx.save_for_backward(q, k, v, o, lse, lut)
+        ctx.block, ctx.scale = block, scale
+
+    def backward(ctx: Any, do: torch.Tensor, _dlse: Any) -> tuple:
+        q, k, v, o, lse, lut = ctx.saved_tensors
+        flash_bwd = getattr(torch.ops, lib).flash_bwd
+        dq, dk, dv = flash_bwd(q, k, v, o, lse, do.contiguous(), lut, ctx.block, ctx.scale)
+        return dq, dk, dv, None, None, None
+
+    torch.library.register_autograd(f"{lib}::flash_fwd", backward, setup_context=setup_context)
 
 
 def _logical(x: torch.Tensor, trans: bool) -> torch.Tensor:

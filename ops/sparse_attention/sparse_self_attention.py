@@ -6,6 +6,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import fused
+from .lut import Lut, lut_for
 from .matmul import MatMul
 from .softmax import Softmax
 from .sparsity_config import SparsityConfig
@@ -15,7 +17,10 @@ class SparseSelfAttention(nn.Module):
     """Attention restricted to `sparsity_config`'s layout. The layout is made once, for
     max_seq_length, and shorter sequences use its top-left corner (as upstream does).
     key_padding_mask ([batch, seq]) and attn_mask ([seq, seq]) are added ('add') or, for
-    'mul', 0 marks what is masked out."""
+    'mul', 0 marks what is masked out.
+
+    Without rpe or masks, 16-bit CUDA operands run fused (fused.applies): one kernel forward,
+    two backward, no scores in memory. Setting `fused = False` keeps the unfused ops."""
 
     def __init__(
         self,
@@ -37,6 +42,8 @@ class SparseSelfAttention(nn.Module):
         self.max_seq_length = max_seq_length
         self.master_layout = self.sparsity_config.make_layout(max_seq_length)
         self._ops: dict[int, tuple[MatMul, Softmax, MatMul]] = {}
+        self._luts: dict[int, Lut] = {}
+        self.fused = True
 
     def get_layout(self, seq_len: int) -> torch.Tensor:
         block = self.sparsity_config.block
@@ -47,6 +54,13 @@ class SparseSelfAttention(nn.Module):
             )
         n = seq_len // block
         return self.master_layout[:, :n, :n]
+
+    def get_lut(self, seq_len: int) -> Lut:
+        """The fused kernels' table for seq_len, made once (checking and hashing a layout costs
+        more than the kernels at 16k tokens, and torch.compile cannot trace it)."""
+        if seq_len not in self._luts:
+            self._luts[seq_len] = lut_for(self.get_layout(seq_len), self.sparsity_config.block)
+        return self._luts[seq_len]
 
     def get_ops(self, heads: int, seq_len: int) -> tuple[MatMul, Softmax, MatMul]:
         if seq_len not in self._ops:
@@ -93,11 +107,16 @@ class SparseSelfAttention(nn.Module):
             key_padding_mask = key_padding_mask.reshape(bsz, -1)  # [b, 1, 1, s] as well
         if attn_mask is not None:
             attn_mask = attn_mask.reshape(attn_mask.shape[-2], attn_mask.shape[-1])
+        scale = float(head_dim) ** -0.5
+        block = self.sparsity_config.block
+        plain = rpe is None and key_padding_mask is None and attn_mask is None
+        if plain and self.fused and fused.applies(query, block):
+            return fused.attention(query, key, value, self.get_lut(seq), scale)
         sdd, softmax, dsd = self.get_ops(heads, seq)
         scores = sdd(query, key)
         probs = softmax(
             scores,
-            scale=float(head_dim) ** -0.5,
+            scale=scale,
             rpe=rpe,
             key_padding_mask=key_padding_mask,
             attn_mask=attn_mask,

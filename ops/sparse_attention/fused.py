@@ -1,0 +1,46 @@
+"""Fused block-sparse attention on CUDA ([Note: fused block-sparse attention] in
+csrc/sparse_attention/sparse_flash.cu): softmax(scale q k^T over the layout) v in one kernel,
+and its backward in two, without writing the scores. SparseSelfAttention takes this path when
+nothing else is asked of the softmax (no rpe or masks) and the kernels take the operands."""
+
+from __future__ import annotations
+
+import torch
+
+from . import kernels
+from .lut import Lut
+
+FUSED_DTYPES = (torch.float16, torch.bfloat16)
+FUSED_BLOCKS = (64, 128)
+FUSED_HEAD_DIMS = (64, 128)
+
+
+def applies(query: torch.Tensor, block: int) -> bool:
+    """Whether the fused kernels run these operands: 16-bit CUDA tensors on sm_80 or later, a
+    layout block of 64 or 128, head_dim 64 or 128, and the CUDA op built."""
+    if query.device.type != "cuda" or query.dtype not in FUSED_DTYPES:
+        return False
+    if block not in FUSED_BLOCKS or query.shape[-1] not in FUSED_HEAD_DIMS:
+        return False
+    # get_device_properties, which torch.compile folds to a constant (get_device_capability
+    # would break the graph)
+    if torch.cuda.get_device_properties(query.device).major < 8:
+        return False
+    return kernels._cuda_available()
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """The kernels load 16 bytes at a time; a view that starts elsewhere is copied. (A traced
+    graph has no addresses: there the op's own check names such an input.)"""
+    if torch.compiler.is_compiling():
+        return t
+    return t if t.data_ptr() % 16 == 0 else t.clone()
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lut: Lut, scale: float
+) -> torch.Tensor:
+    """[batch, heads, seq, head_dim] attention over `lut`'s layout, fused (see `applies`)."""
+    q, k, v = (_aligned(t.contiguous()) for t in (q, k, v))
+    o, _lse = kernels.cuda_op().flash_fwd(q, k, v, lut.on(q.device), lut.block, scale)
+    return o
