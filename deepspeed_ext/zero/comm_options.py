@@ -3,7 +3,9 @@ How ZeRO's collectives run, from upstream's zero_optimization keys:
 - `overlap_comm`: given as false, each gradient bucket's reduction completes before the
   backward goes on (stages 1-3); otherwise up to two buckets reduce while the backward runs.
   Upstream's per-stage default (false below stage 3) is not taken as a request: this runtime
-  overlaps at every stage unless told not to.
+  overlaps at every stage unless told not to. At stage 3 the bucket being reduced and the one
+  being filled share reduce_bucket_size's elements between them ([Note: stage-3 gradient
+  reduction]), so overlapping costs no memory.
 - `reduce_scatter`: false all-reduces each bucket, every rank keeping its own part of the sum,
   instead of reduce-scattering it (stages 1-3; the result is the same).
 - `communication.topology` hierarchical: buckets reduce-scatter inside each node first, then
