@@ -11,7 +11,7 @@ runtime keeps in flight, from the model and the DeepSpeed config.
   buffers        stage 2: the reduce buckets alive at once (the one filling + 2 in flight);
                  stage 3: the larger of the gathered parameters (stage3_prefetch_bucket_size
                  + stage3_max_live_parameters, at most the model) and the gradient bucket pool
-                 (the one filling + 1 in flight), plus the largest parameter's full gradient
+                 (the one filling and the one in flight share reduce_bucket_size), plus the largest parameter's full gradient
                  (alive until its hook copies it into a bucket) and the parameters kept whole
                  (at most stage3_param_persistence_threshold elements each). Gathered
                  parameters and filled buckets trade places during backward (a module's
@@ -119,7 +119,7 @@ def estimate_job_memory(
         gathered = min(
             psi, int(zero.stage3_prefetch_bucket_size) + int(zero.stage3_max_live_parameters)
         )
-        pool = min(2, -(-psi // max(1, bucket))) * bucket * c_bytes
+        pool = bucket * c_bytes  # [Note: stage-3 gradient reduction]: one bucket's worth
         largest = max((p.numel() for p in params), default=0)
         threshold = int(zero.stage3_param_persistence_threshold)
         kept = sum(p.numel() for p in params if p.numel() <= threshold)

@@ -120,3 +120,27 @@ def test_partitions_are_made_by_backward_and_freed_by_zero():
         assert red.part_of(params[2]).tolist() == [0.0, 0.0]  # unused this step: zeros
         red.zero()
         assert red.grads() == [], f"step {step}: partitions kept past zero()"
+
+
+@pytest.mark.parametrize("in_flight", [0, 1, 2])
+def test_pooled_buckets_share_reduce_bucket_size(in_flight):
+    """The bucket being filled and those being reduced hold reduce_bucket_size elements
+    between them: overlap_comm (buckets in flight) costs no memory over reducing each at once."""
+    params = [param(6) for _ in range(12)]
+    group = AxisGroup(None, tuple(range(W)), RANK)
+    red = Stage3Reducer(
+        params,
+        torch.float32,
+        torch.device("cpu"),
+        36,
+        group,
+        max_in_flight=in_flight,
+        scatter=scatter_of_identical_ranks,
+    )
+    most = 0
+    for p in params:
+        red.add(p, torch.randn(p.numel))
+        most = max(most, red.made)
+    assert most == in_flight + 1  # every pooled buffer was used
+    assert most * W * red.cap <= 36
+    red.flush()
