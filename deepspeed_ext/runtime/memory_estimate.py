@@ -11,8 +11,9 @@ runtime keeps in flight, from the model and the DeepSpeed config.
   buffers        stage 2: the reduce buckets alive at once (the one filling + 2 in flight);
                  stage 3: the larger of the gathered parameters (stage3_prefetch_bucket_size
                  + stage3_max_live_parameters, at most the model) and the gradient bucket pool
-                 (the one filling and the one in flight share reduce_bucket_size), plus the largest parameter's full gradient
-                 (alive until its hook copies it into a bucket) and the parameters kept whole
+                 (the one filling and the one in flight share reduce_bucket_size), plus the
+                 largest parameter's full gradient (alive until its hook copies it into a
+                 bucket) and the parameters kept whole
                  (at most stage3_param_persistence_threshold elements each). Gathered
                  parameters and filled buckets trade places during backward (a module's
                  parameters are released as its gradients land), so their larger one counts.
