@@ -47,6 +47,12 @@ class CUDAAccelerator(Accelerator):
     def total_memory(self, device_index: int | None = None) -> int:
         return torch.cuda.get_device_properties(device_index or 0).total_memory
 
+    def compute_capability(self, device_index: int | None = None) -> tuple[int, int]:
+        """(major, minor); from the device's properties, which torch.compile folds to a
+        constant (get_device_capability would break the graph)."""
+        props = torch.cuda.get_device_properties(device_index or 0)
+        return props.major, props.minor
+
     def available_memory(self, device_index: int | None = None) -> int:
         free, _ = torch.cuda.mem_get_info(device_index)
         return free

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import torch
 
+from deepspeed_ext.accelerator.cuda import CUDAAccelerator
+
 from . import kernels
 from .lut import Lut
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16)
 FUSED_BLOCKS = (64, 128)
 FUSED_HEAD_DIMS = (64, 128)
+_CUDA = CUDAAccelerator()
 
 
 def applies(query: torch.Tensor, block: int) -> bool:
@@ -22,9 +25,7 @@ def applies(query: torch.Tensor, block: int) -> bool:
         return False
     if block not in FUSED_BLOCKS or query.shape[-1] not in FUSED_HEAD_DIMS:
         return False
-    # get_device_properties, which torch.compile folds to a constant (get_device_capability
-    # would break the graph)
-    if torch.cuda.get_device_properties(query.device).major < 8:
+    if _CUDA.compute_capability(query.device.index)[0] < 8:
         return False
     return kernels._cuda_available()
 
