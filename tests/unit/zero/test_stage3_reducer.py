@@ -42,6 +42,20 @@ def own_shard(grad: torch.Tensor, shard: int) -> torch.Tensor:
     return padded[RANK * shard : (RANK + 1) * shard]
 
 
+def reducer(params: list, bucket_numel: int, **kw) -> Stage3Reducer:
+    """This rank's fp32 reducer on CPU over W simulated ranks whose buckets are identical."""
+    group = AxisGroup(None, tuple(range(W)), RANK)
+    return Stage3Reducer(
+        params,
+        torch.float32,
+        torch.device("cpu"),
+        bucket_numel,
+        group,
+        scatter=scatter_of_identical_ranks,
+        **kw,
+    )
+
+
 def test_fill_shards_zeroes_the_padding_and_close_up_packs_rows():
     buf = torch.full((W * 4,), 7.0)
     b = _Bucket(buf, 4, pooled=True)
@@ -55,16 +69,7 @@ def test_fill_shards_zeroes_the_padding_and_close_up_packs_rows():
 def test_partitions_are_this_ranks_shards_through_pooled_buckets(bucket_numel):
     """Part-filled buckets (rows closed up) at 30, 12 and 60; one full bucket at 10**9."""
     params = [param(n) for n in (7, 5, 40, 1, 9, 9, 3)]  # 40 > any bucket of 30 / 12
-    group = AxisGroup(None, tuple(range(W)), RANK)
-    red = Stage3Reducer(
-        params,
-        torch.float32,
-        torch.device("cpu"),
-        bucket_numel,
-        group,
-        max_in_flight=1,
-        scatter=scatter_of_identical_ranks,
-    )
+    red = reducer(params, bucket_numel, max_in_flight=1)
     gen = torch.Generator().manual_seed(0)
     want = {id(p): torch.zeros(p.ds_shard_numel) for p in params}
     for _ in range(2):  # a second backward reuses buffers that hold the first one's values
@@ -80,15 +85,7 @@ def test_partitions_are_this_ranks_shards_through_pooled_buckets(bucket_numel):
 
 def test_no_full_gradient_is_kept_past_its_hook():
     params = [param(600) for _ in range(4)]
-    group = AxisGroup(None, tuple(range(W)), RANK)
-    red = Stage3Reducer(
-        params,
-        torch.float32,
-        torch.device("cpu"),
-        10**9,
-        group,
-        scatter=scatter_of_identical_ranks,
-    )
+    red = reducer(params, 10**9)
     refs = []
     for p in params:
         g = torch.randn(p.numel)
@@ -104,10 +101,7 @@ def test_partitions_are_made_by_backward_and_freed_by_zero():
     """No gradient partition sits beside the next forward's activations: none exists before
     a reduction reaches it, zero() drops them all, and one nothing reached reads as zeros."""
     params = [param(n) for n in (6, 9, 4)]
-    group = AxisGroup(None, tuple(range(W)), RANK)
-    red = Stage3Reducer(
-        params, torch.float32, torch.device("cpu"), 12, group, scatter=scatter_of_identical_ranks
-    )
+    red = reducer(params, 12)
     assert red.grads() == []
     for step in range(2):
         g0, g1 = torch.randn(6), torch.randn(9)
@@ -127,16 +121,7 @@ def test_pooled_buckets_share_reduce_bucket_size(in_flight):
     """The bucket being filled and those being reduced hold reduce_bucket_size elements
     between them: overlap_comm (buckets in flight) costs no memory over reducing each at once."""
     params = [param(6) for _ in range(12)]
-    group = AxisGroup(None, tuple(range(W)), RANK)
-    red = Stage3Reducer(
-        params,
-        torch.float32,
-        torch.device("cpu"),
-        36,
-        group,
-        max_in_flight=in_flight,
-        scatter=scatter_of_identical_ranks,
-    )
+    red = reducer(params, 36, max_in_flight=in_flight)
     most = 0
     for p in params:
         red.add(p, torch.randn(p.numel))

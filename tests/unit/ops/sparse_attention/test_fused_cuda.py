@@ -16,6 +16,7 @@ from deepspeed_ext.accelerator.cuda import CUDAAccelerator
 from deepspeed_ext.ops.sparse_attention import BigBirdSparsityConfig, SparseSelfAttention, fused
 from deepspeed_ext.ops.sparse_attention import kernels as K
 from deepspeed_ext.ops.sparse_attention.lut import lut_for
+from tests.helpers.compile_parity import assert_compiled_matches_eager
 
 pytestmark = [
     pytest.mark.gpu,
@@ -118,13 +119,7 @@ def test_torch_compile_traces_the_fused_path():
     config = BigBirdSparsityConfig(H, 64, num_random_blocks=1)
     att = SparseSelfAttention(config, max_seq_length=256)
     q, k, v = (randn(BATCH, H, 256, 64, seed=i).bfloat16().requires_grad_() for i in (21, 22, 23))
-    eager = att(q, k, v)
-    compiled = torch.compile(att, backend="aot_eager", fullgraph=True)(q, k, v)
-    torch.testing.assert_close(compiled, eager)
-    g = torch.randn_like(eager)
-    torch.testing.assert_close(
-        torch.autograd.grad(compiled, (q, k, v), g), torch.autograd.grad(eager, (q, k, v), g)
-    )
+    assert_compiled_matches_eager(att, (q, k, v))
 
 
 def test_bad_input_is_named():

@@ -10,6 +10,7 @@ import torch
 
 from deepspeed_ext.ops.sparse_attention import BigBirdSparsityConfig, SparseSelfAttention, fused
 from deepspeed_ext.ops.sparse_attention import kernels as K
+from tests.helpers.compile_parity import assert_compiled_matches_eager
 
 LIB = "ds_test_stand_in_flash"
 _lib = torch.library.Library(LIB, "DEF")
@@ -96,10 +97,4 @@ def test_torch_compile_traces_the_fused_path_whole(stand_in, same):
     att = attention()
     q, k, v = (torch.randn(1, 2, 256, 64, requires_grad=True) for _ in range(3))
     args = (q, q, q) if same else (q, k, v)
-    eager = att(*args)
-    compiled = torch.compile(att, backend="aot_eager", fullgraph=True)(*args)
-    torch.testing.assert_close(compiled, eager)
-    g = torch.randn_like(eager)
-    torch.testing.assert_close(
-        torch.autograd.grad(compiled, args, g), torch.autograd.grad(eager, args, g)
-    )
+    assert_compiled_matches_eager(att, args)

@@ -20,6 +20,7 @@ from deepspeed_ext.ops.sparse_attention import (
 )
 from deepspeed_ext.ops.sparse_attention import kernels as K
 from deepspeed_ext.ops.sparse_attention.lut import lut_for
+from tests.helpers.compile_parity import assert_compiled_matches_eager
 
 pytestmark = [
     pytest.mark.gpu,
@@ -192,10 +193,4 @@ def test_torch_compile_traces_the_cuda_ops():
     config = FixedSparsityConfig(H, 16, num_local_blocks=2)
     att = SparseSelfAttention(config, max_seq_length=64)
     q, k, v = (randn(BATCH, H, 64, 32, seed=i).requires_grad_() for i in (21, 22, 23))
-    eager = att(q, k, v)
-    compiled = torch.compile(att, backend="aot_eager", fullgraph=True)(q, k, v)
-    torch.testing.assert_close(compiled, eager)
-    g = torch.randn_like(eager)
-    torch.testing.assert_close(
-        torch.autograd.grad(compiled, (q, k, v), g), torch.autograd.grad(eager, (q, k, v), g)
-    )
+    assert_compiled_matches_eager(att, (q, k, v))
