@@ -31,6 +31,14 @@ def _engine(stage: int) -> object:
     return engine
 
 
+def say(line: str) -> None:
+    """One write per line: both ranks share the launcher's stdout, and under `python -u` (how
+    the launcher starts ranks) print() writes the text and its newline apart, so another
+    rank's line can land between them ('SAVED 2STALL', which a soak waiting for 'STALL' missed)."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--stage", type=int, required=True)
@@ -41,23 +49,23 @@ def main() -> None:
     ap.add_argument("--local_rank", type=int, default=0)  # the launcher passes it
     args = ap.parse_args()
     rank = int(os.environ.get("RANK", "0"))
-    print(f"PID {os.getpid()} RANK {rank}", flush=True)
+    say(f"PID {os.getpid()} RANK {rank}")
     engine = _engine(args.stage)
     if args.verify:
         path, _ = engine.load_checkpoint(args.ckpt)  # type: ignore[attr-defined]
-        print(f"LOADED {path} step {engine.global_steps}", flush=True)  # type: ignore[attr-defined]
+        say(f"LOADED {path} step {engine.global_steps}")  # type: ignore[attr-defined]
         return
     for step in range(1, args.steps + 1):
         if step == 3 and rank == args.stall_rank:
-            print("STALL", flush=True)  # the other rank waits in the step's collective
+            say("STALL")  # the other rank waits in the step's collective
             time.sleep(3600)
-        print(f"STEP {step}", flush=True)
+        say(f"STEP {step}")
         loss = engine(torch.randn(4, WIDTH)).pow(2).mean()  # type: ignore[operator]
         engine.backward(loss)  # type: ignore[attr-defined]
         engine.step()  # type: ignore[attr-defined]
-        print(f"SAVE {step}", flush=True)
+        say(f"SAVE {step}")
         engine.save_checkpoint(args.ckpt, tag=f"step{step}")  # type: ignore[attr-defined]
-        print(f"SAVED {step}", flush=True)
+        say(f"SAVED {step}")
 
 
 if __name__ == "__main__":
