@@ -8,9 +8,13 @@
 //   forward and dQ walk a query tile's layout row (row_ptr), dK/dV a key tile's column
 //   (col_ptr).
 // - A thread block is 4 warps, and each warp owns 16 rows of every tile it computes: queries in
-//   the forward and dQ, keys in dK/dV. The products run on tensor cores (WMMA 16x16x16, fp32
-//   accumulators) from shared memory. Each warp rescales and exponentiates its own rows of the
-//   scores there, so only the loads of shared operands need a block barrier.
+//   the forward and dQ, keys in dK/dV. The products run on tensor cores with fp32 accumulators.
+// - The forward keeps them in registers (mma.sync m16n8k16, FlashAttention-2 style): Q, the
+//   scores, the probabilities and the output never touch shared memory, which only holds K and
+//   V, fetched with cp.async into two stages so the next tile loads while this one computes.
+// - The backward still runs WMMA 16x16x16 from shared memory: each warp rescales and
+//   exponentiates its own rows of the scores there, so only the loads of shared operands need a
+//   block barrier.
 // - Scores are kept in log2 units (scale * log2(e) folded in). The forward keeps a running max
 //   and sum per query (online softmax), rescales its fp32 output rows by exp2(old - new max),
 //   and saves each query's log2-sum-exp; the backward recomputes P = exp2(S - lse) from it.
@@ -22,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "cuda_convert.cuh"
@@ -42,19 +47,18 @@ constexpr float kLog2e = 1.4426950408889634f;
 using Acc = wm::fragment<wm::accumulator, 16, 16, 16, float>;
 
 // Shared memory: 16-bit rows padded by 16 bytes and fp32 rows by 16 bytes (against bank
-// conflicts); every size is a multiple of 32 bytes, so each 16-row WMMA tile stays aligned.
+// conflicts: the 8 rows an ldmatrix reads at once start 16 bytes apart modulo 128); every size
+// is a multiple of 32 bytes, so each 16-row WMMA tile stays aligned.
 template <typename T, int D>
 struct Ld {
   static constexpr int kTile = D + 8;  // a 64 x D tile of T
   static constexpr int kS = kT + 4;    // a 64 x 64 fp32 tile
   static constexpr int kP = kT + 8;    // a 64 x 64 tile of T
-  static constexpr int kO = D + 4;     // a 64 x D fp32 tile
   static constexpr size_t kTileBytes = sizeof(T) * kT * kTile;
   static constexpr size_t kSBytes = sizeof(float) * kT * kS;
   static constexpr size_t kPBytes = sizeof(T) * kT * kP;
-  static constexpr size_t kOBytes = sizeof(float) * kT * kO;
   static constexpr size_t kRowBytes = sizeof(float) * kT;
-  static constexpr size_t kFwd = 3 * kTileBytes + kSBytes + kPBytes + kOBytes + 2 * kRowBytes;
+  static constexpr size_t kFwd = 4 * kTileBytes;  // two stages of K and V (Q borrows one)
   static constexpr size_t kBwdKV = 4 * kTileBytes + 2 * kSBytes + 2 * kPBytes + 2 * kRowBytes;
   static constexpr size_t kBwdQ = 4 * kTileBytes + 2 * kSBytes + kPBytes + 2 * kRowBytes;
 };
@@ -157,112 +161,276 @@ struct Tiling {
   }
 };
 
-// One tile of the forward's online softmax over the warp's 16 rows: two lanes per row, 32
-// columns each, so a row's max and sum take one shuffle. Each lane starts its columns at its own
-// offset (5 row + 16 half, mod 32 banks), so the 32 lanes' reads hit 32 different banks. Writes
-// the row's probabilities (P, 16-bit) and rescales its output row by exp2(old max - new max),
-// which is skipped when the max did not move.
-template <typename T, int D>
-__device__ __forceinline__ void online_softmax(const float* ss, T* ps, float* os, float* ms,
-                                               float* ls, int r0, float sl2) {
-  using S = Ld<T, D>;
-  const int lane = threadIdx.x % 32, half = lane & 1, r = r0 + (lane >> 1);
-  const int rot = ((lane >> 1) + 16 * half) & 31;
-  const float* srow = ss + r * S::kS + half * 32;
-  T* prow = ps + r * S::kP + half * 32;
-  float mx = -INFINITY;
-#pragma unroll 8
-  for (int i = 0; i < 32; ++i) mx = fmaxf(mx, srow[(i + rot) & 31] * sl2);
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  const float m_old = ms[r], m_new = fmaxf(m_old, mx);
-  float sum = 0.f;
-#pragma unroll 8
-  for (int i = 0; i < 32; ++i) {
-    const int c = (i + rot) & 31;
-    const float p = exp2f(srow[c] * sl2 - m_new);
-    sum += p;
-    prow[c] = from_float<T>(p);
-  }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  const float alpha = m_old == -INFINITY ? 0.f : exp2f(m_old - m_new);
-  if (alpha != 1.f) {
-    float* orow = os + r * S::kO + half * (D / 2);
-#pragma unroll 8
-    for (int j = 0; j < D / 2; ++j) orow[(j + rot) % (D / 2)] *= alpha;
-  }
-  __syncwarp();  // both lanes of the row have read ms[r]
-  if (half == 0) {
-    ms[r] = m_new;
-    ls[r] = ls[r] * alpha + sum;
-  }
-  __syncwarp();
+// Register-level tensor-core pieces of the forward (sm_80+). The fragment layouts they rely on
+// (PTX ISA: "Matrix Fragments for mma.m16n8k16 with floating point type" and "Warp-level matrix
+// load instruction: ldmatrix"), with gr = lane / 4 and gc = lane % 4, "(row, columns)":
+// - A, 16 x 16 row-major, four b32 of two 16-bit values, the lower column in the low half:
+//   a[0] = (gr, 2gc..2gc+1), a[1] = (gr + 8, 2gc..), a[2] = (gr, 2gc + 8..),
+//   a[3] = (gr + 8, 2gc + 8..).
+// - B, 16 x 8 "col", two b32: b[0] = (rows 2gc..2gc+1, column gr), b[1] = (rows 2gc + 8..,
+//   column gr), the lower row in the low half.
+// - C/D, 16 x 8 fp32: c[0], c[1] = (gr, 2gc), (gr, 2gc + 1); c[2], c[3] = the same in row gr + 8.
+// - ldmatrix .m8n8 .b16: lanes 8i..8i+7 give the addresses of rows 0..7 of matrix i, and
+//   register i of lane l receives row l / 4, columns 2 (l % 4)..+1 of matrix i. With .trans
+//   the matrix is read column-major: register i receives column l / 4, rows 2 (l % 4)..+1 of
+//   matrix i as stored.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// 16 bytes global -> shared without passing through registers (.cg: cached in L2 only).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Starts dst[64][D + 8] = the 64 contiguous rows of D elements at src; lands at a wait.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__device__ __forceinline__ void cp_tile(T* dst, const T* src) {
+  constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec, kPerThread = kT * kPerRow / kThreads;
+  static_assert(kT * kPerRow % kThreads == 0, "a tile is a whole number of rounds");
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int e = static_cast<int>(threadIdx.x) + i * kThreads;
+    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
+    cp_async16(dst + r * Ld<T, D>::kTile + c, src + static_cast<int64_t>(r) * D + c);
+  }
+}
+
+// Four 8x8 matrices (see the layouts above); `p` is this lane's row address.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// The same, each matrix transposed on the way (rows as stored become columns).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// d += a b for one m16n8k16 tile: a 16x16 A and a 16x8 B of T, fp32 C/D (layouts above).
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    static_assert(std::is_same_v<T, __half>, "16-bit dtypes only");
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+// Two floats rounded to T in one b32, `lo` in the low half (the lower column of a fragment).
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &p, sizeof(r));
+  } else {
+    const __half2 p = __floats2half2_rn(lo, hi);
+    memcpy(&r, &p, sizeof(r));
+  }
+  return r;
+}
+
+// Max and sum over the 4 lanes of a quad (lane / 4 equal): they hold one fragment row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The forward, FlashAttention-2 style: each warp keeps its 16 query rows of Q (A fragments),
+// of the scores S and of the output O (fp32 C fragments) in registers, and only K and V go
+// through shared memory, in two stages fetched with cp.async: tile i + 1 streams in while tile
+// i is computed. A lane holds rows gr and gr + 8 of the warp's 16, columns 2gc, 2gc + 1 of each
+// 8-column slice, so a row's max and sum take two shuffles within its quad. At D = 64 it fits
+// 128 registers without spilling, which lets 4 blocks share an SM instead of 3.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     flash_fwd_kernel(BlockLut L, const T* q, const T* k, const T* v, T* o, float* lse,
                      float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-  __trap();  // bf16 WMMA needs sm_80; the binding refuses older devices
+  __trap();  // bf16 mma.sync and cp.async need sm_80; the binding refuses older devices
 #else
-  using S = Ld<T, D>;
+  constexpr int kLd = Ld<T, D>::kTile, kTileElems = kT * kLd;
   extern __shared__ __align__(128) unsigned char smem[];
-  Carve cv{smem};
-  T* qs = cv.take<T>(S::kTileBytes);
-  T* ks = cv.take<T>(S::kTileBytes);
-  T* vs = cv.take<T>(S::kTileBytes);
-  float* ss = cv.take<float>(S::kSBytes);
-  T* ps = cv.take<T>(S::kPBytes);
-  float* os = cv.take<float>(S::kOBytes);
-  float* ms = cv.take<float>(S::kRowBytes);
-  float* ls = cv.take<float>(S::kRowBytes);
+  // Stage s holds K at k_at(s) and V after it. Q borrows stage 1's K until it is in registers.
+  T* const kv = reinterpret_cast<T*>(smem);
+  auto k_at = [kv](int stage) { return kv + 2 * stage * kTileElems; };
+  auto v_at = [kv](int stage) { return kv + (2 * stage + 1) * kTileElems; };
   const Tiling g(L);
   const int64_t t = blockIdx.x, key = g.h * L.nb + t / g.sub, base = g.bh * g.seq * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+  const int gr = lane / 4, gc = lane % 4;
   const float sl2 = scale * kLog2e;
-  load_tile<T, D>(qs, q + base + t * kT * D);
-  for (int e = lane; e < 16 * S::kO; e += 32) os[r0 * S::kO + e] = 0.f;
-  if (lane < 16) {
-    ms[r0 + lane] = -INFINITY;
-    ls[r0 + lane] = 0.f;
+  const int32_t e0 = L.row_ptr[key];
+  const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
+  // Key tile i of the row is tile i % sub of its (i / sub)-th layout block, in row_ptr order;
+  // tile_at gives its element offset in k and v.
+  auto tile_at = [&](int i) {
+    const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e0 + i / g.sub]) + 2];
+    return base + (c * g.sub + i % g.sub) * kT * D;
+  };
+  auto fetch = [&](int64_t off, int stage) {
+    cp_tile<T, D>(k_at(stage), k + off);
+    cp_tile<T, D>(v_at(stage), v + off);
+  };
+
+  cp_tile<T, D>(k_at(1), q + base + t * kT * D);
+  if (n > 0) fetch(tile_at(0), 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  // The warp's Q rows as A fragments, one per 16 columns of D. Lane l points at row l % 16 and
+  // column 8 (l / 16) of the 16x16 block, so the four matrices are its quarters in a[0..3]
+  // order: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15.
+  uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ldmatrix_x4(qf[kk], k_at(1) + (r0 + (lane & 15)) * kLd + kk * 16 + (lane >> 4) * 8);
   }
-  for (int32_t e = L.row_ptr[key]; e < L.row_ptr[key + 1]; ++e) {
-    const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e]) + 2];
-    for (int j = 0; j < g.sub; ++j) {
-      const int64_t kt = c * g.sub + j;
-      __syncthreads();  // every warp is done with the previous K and V (and Q is in)
-      load_tile<T, D>(ks, k + base + kt * kT * D);
-      load_tile<T, D>(vs, v + base + kt * kT * D);
-      __syncthreads();
-      Acc s[kT / 16];
-      mma_abt<T, D, kT>(s, qs + r0 * S::kTile, S::kTile, ks, S::kTile);
-      store_rows<kT>(ss + r0 * S::kS, S::kS, s);
-      __syncwarp();
-      online_softmax<T, D>(ss, ps, os, ms, ls, r0, sl2);
+
+  float acc[D / 8][4] = {};               // O, columns 8j.. of rows gr, gr + 8
+  float m[2] = {-INFINITY, -INFINITY};    // running max of rows gr, gr + 8 (log2 units)
+  float l[2] = {0.f, 0.f};                // this lane's share of their running sums
+  int64_t next = n > 1 ? tile_at(1) : 0;  // looked up a tile ahead: its loads overlap the math
+  for (int i = 0; i < n; ++i) {
+    const int st = i & 1;
+    __syncthreads();  // every warp is done with stage st ^ 1 (tile i - 1, or Q)
+    if (i + 1 < n) fetch(next, st ^ 1);
+    cp_async_commit();  // empty on the last tile, which keeps the count below right
+    if (i + 2 < n) next = tile_at(i + 2);
+    cp_async_wait<1>();  // this thread's part of tile i has landed...
+    __syncthreads();     // ...and every thread's
+    const T* ks = k_at(st);
+    const T* vs = v_at(st);
+
+    // S = Q K^T: K^T's "col" B fragment is K's rows as stored. Lane l points at key
+    // 16np + l % 8 + 8 (l / 16), column 8 ((l / 8) % 2) of the 16-column step, so registers
+    // 0, 1 are B for keys 16np..+7 and registers 2, 3 for keys 16np + 8..+15.
+    float s[kT / 8][4] = {};
 #pragma unroll
-      for (int n = 0; n < D / 16; ++n) {  // O += P V, one 16-column slice at a time
-        Acc acc;
-        float* dst = os + r0 * S::kO + n * 16;
-        wm::load_matrix_sync(acc, dst, S::kO, wm::mem_row_major);
+    for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
-        for (int kk = 0; kk < kT; kk += 16) {
-          wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
-          wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> fb;
-          wm::load_matrix_sync(fa, ps + r0 * S::kP + kk, S::kP);
-          wm::load_matrix_sync(fb, vs + kk * S::kTile + n * 16, S::kTile);
-          wm::mma_sync(acc, fa, fb, acc);
-        }
-        wm::store_matrix_sync(dst, acc, S::kO, wm::mem_row_major);
+      for (int np = 0; np < kT / 16; ++np) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + kk * 16 +
+                           ((lane >> 3) & 1) * 8);
+        mma16816<T>(s[2 * np], qf[kk], b[0], b[1]);
+        mma16816<T>(s[2 * np + 1], qf[kk], b[2], b[3]);
       }
-      __syncwarp();
+    }
+
+    // Online softmax on the fragments: s[j][h * 2 + x] is row gr + 8h, key 8j + 2gc + x.
+    float mx[2] = {m[0], m[1]};
+#pragma unroll
+    for (int j = 0; j < kT / 8; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        s[j][x] *= sl2;
+        mx[x / 2] = fmaxf(mx[x / 2], s[j][x]);
+      }
+    }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = quad_max(mx[h]);
+      alpha[h] = m[h] == -INFINITY ? 0.f : exp2f(m[h] - mx[h]);
+      m[h] = mx[h];
+      l[h] *= alpha[h];
+    }
+#pragma unroll
+    for (int j = 0; j < kT / 8; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        s[j][x] = exp2f(s[j][x] - m[x / 2]);
+        l[x / 2] += s[j][x];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) acc[j][x] *= alpha[x / 2];
+    }
+
+    // O += P V. The C fragments of key slices 2kk and 2kk + 1 are, element for element, the A
+    // fragment of keys 16kk..+15: a[0] = (gr, 2gc..) of slice 2kk, a[1] its row gr + 8, a[2],
+    // a[3] the same of slice 2kk + 1 (keys 16kk + 8 + 2gc..). V's "col" B fragment needs two
+    // consecutive keys of one column per register, hence .trans: lane l points at key
+    // 16kk + l % 16, column 16dp + 8 (l / 16), so registers 0, 1 are B for columns 16dp..+7
+    // and registers 2, 3 for columns 16dp + 8..+15.
+#pragma unroll
+    for (int kk = 0; kk < kT / 16; ++kk) {
+      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                             pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                             pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kLd + dp * 16 + (lane >> 4) * 8);
+        mma16816<T>(acc[2 * dp], a, b[0], b[1]);
+        mma16816<T>(acc[2 * dp + 1], a, b[2], b[3]);
+      }
     }
   }
-  for (int i = 0; i < 16; ++i) {
-    const int r = r0 + i;
-    const float l = ls[r], inv = l > 0.f ? 1.f / l : 0.f;  // a row with no keys gives zeros
-    T* orow = o + base + (t * kT + r) * D;
-    for (int d = lane; d < D; d += 32) orow[d] = from_float<T>(os[r * S::kO + d] * inv);
-    if (lane == 0) lse[g.bh * g.seq + t * kT + r] = l > 0.f ? ms[r] + log2f(l) : INFINITY;
+
+  // O / l through the warp's own rows of stage 0's K, so that global stores are 16 bytes.
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with both stages
+  T* const os = k_at(0);
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = quad_sum(l[h]);
+    inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;  // a row with no keys gives zeros
+  }
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint32_t*>(os + (r0 + gr + 8 * h) * kLd + 8 * j + 2 * gc) =
+          pack2<T>(acc[j][2 * h] * inv[h], acc[j][2 * h + 1] * inv[h]);
+    }
+  }
+  __syncwarp();
+  constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
+#pragma unroll
+  for (int i = 0; i < 16 * kPerRow / 32; ++i) {
+    const int e = lane + 32 * i, r = r0 + e / kPerRow, c = (e % kPerRow) * kVec;
+    *reinterpret_cast<uint4*>(o + base + (t * kT + r) * D + c) =
+        *reinterpret_cast<const uint4*>(os + r * kLd + c);
+  }
+  if (gc == 0) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      lse[g.bh * g.seq + t * kT + r0 + gr + 8 * h] = l[h] > 0.f ? m[h] + log2f(l[h]) : INFINITY;
+    }
   }
 #endif
 }
