@@ -52,6 +52,12 @@ def _parse() -> argparse.Namespace:
     ap.add_argument("--offload", action="store_true", help="offload_optimizer device cpu")
     ap.add_argument("--offload-param", action="store_true", help="offload_param device cpu")
     ap.add_argument("--zero-json", default="{}", help="more zero_optimization keys (JSON object)")
+    ap.add_argument(
+        "--gradient-clipping",
+        type=float,
+        default=None,
+        help="set gradient_clipping (default: unset)",
+    )
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--micro-batch", type=int, default=2)
@@ -83,7 +89,9 @@ def ds_config(args: argparse.Namespace) -> dict:
         zero["offload_optimizer"] = {"device": "cpu"}
     if args.offload_param:
         zero["offload_param"] = {"device": "cpu"}
+    clip = {} if args.gradient_clipping is None else {"gradient_clipping": args.gradient_clipping}
     return {
+        **clip,
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": 1,
         "steps_per_print": 10**9,

@@ -51,7 +51,36 @@ def _offload(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
         )
     if opt is not None and opt.ratio < 1.0 and zero.stage != 3:
         out.append("zero_optimization.offload_optimizer.ratio < 1 (partial offload) needs stage 3")
+    if opt is not None and opt.step_in_backward:
+        out += _step_in_backward(cfg, autos)
     return out
+
+
+def _step_in_backward(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """[Note: optimizer steps in backward]: updates made before engine.step() must be the
+    ones it would make."""
+    key = "zero_optimization.offload_optimizer.step_in_backward"
+    opt = cfg.zero_optimization.offload_optimizer
+    clip = "gradient_clipping" not in autos and bool(cfg.gradient_clipping)
+    bf16_check = cfg.bf16.enabled and cfg.bf16.check_grad_overflow
+    clashes = {  # what clashes: why, and the fix
+        f'offload_optimizer.device "{opt.device if opt else None}"': (
+            opt is not None and opt.device != "nvme",
+            'it overlaps NVMe reads and writes; set offload_optimizer.device "nvme"',
+        ),
+        f"gradient_clipping {cfg.gradient_clipping}": (
+            clip,
+            "clipping needs the global norm before any update; set gradient_clipping 0 "
+            "(its default is 1.0)",
+        ),
+        "fp16.enabled": (cfg.fp16.enabled, "a step may be skipped on overflow; use bf16"),
+        "bf16.check_grad_overflow": (bf16_check, "a step may be skipped; set it false"),
+    }
+    return [
+        f"{key} does not work with {k}: {fix}, or remove {key}"
+        for k, (on, fix) in clashes.items()
+        if on
+    ]
 
 
 def _zero_stage(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:

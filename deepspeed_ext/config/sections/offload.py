@@ -34,6 +34,9 @@ class OffloadOptimizerConfig(Section):
     pin_memory: Bool = True
     pipeline_read: Bool = False
     pipeline_write: Bool = False
+    # A deepspeed_ext key: NVMe state steps during the backward ([Note: optimizer steps in
+    # backward]); refused with clipping and overflow checks (checks.py).
+    step_in_backward: Bool = False
     fast_init: Bool = False
     # Fraction of the optimizer step done on CPU; below 1.0 only with stage 3 (checks.py).
     ratio: Float = Field(default=1.0, ge=0.0, le=1.0)

@@ -73,6 +73,15 @@ def _aio_kwargs(aio: Mapping[str, Any] | None) -> dict[str, Any]:
     return cfg
 
 
+class _Reads:
+    """The reads issued on one handle, completed together by one wait."""
+
+    def __init__(self, handle: AioHandle) -> None:
+        self.handle = handle
+        self.keys: set[str] = set()  # keys with a read not yet waited for
+        self.copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (staging, out)
+
+
 @dataclass(frozen=True)
 class _Entry:
     path: str
@@ -120,19 +129,21 @@ class NVMeSwapper:
         for name in os.listdir(self._dir):  # left by a crashed run of the same tag and rank
             if name.endswith(".swp"):
                 os.unlink(os.path.join(self._dir, name))
-        # reads and writes on handles of their own, so each kind can be waited for alone
-        # (the optimizer's pipelined swap: [Note: pipelined optimizer swap])
+        # Reads and writes on handles of their own, so each kind can be waited for alone
+        # ([Note: pipelined optimizer swap]). Background reads (optimizer state read during
+        # the backward: [Note: optimizer steps in backward]) have a third, so that waiting
+        # for a parameter shard does not wait for them too.
         self._handle = aio_handle(**_aio_kwargs(aio))
         self._whandle = aio_handle(**_aio_kwargs(aio))
+        self._bhandle = aio_handle(**_aio_kwargs(aio))
+        self._reads = _Reads(self._handle)
+        self._bg = _Reads(self._bhandle)
         self._entries: dict[str, _Entry] = {}
-        self._reading: set[str] = set()  # keys with a read not yet waited for
         self._writing: set[str] = set()  # keys with a write not yet waited for
         self._staged: list[torch.Tensor] = []  # staging buffers of in-flight writes
-        self._copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (staging, out) reads
         self._pool: list[torch.Tensor] = []  # free page-aligned uint8 staging buffers
-        self._cleanup = weakref.finalize(
-            self, _Files(self._dir, (self._handle, self._whandle)).remove
-        )
+        handles = (self._handle, self._whandle, self._bhandle)
+        self._cleanup = weakref.finalize(self, _Files(self._dir, handles).remove)
 
     @property
     def directory(self) -> str:
@@ -141,8 +152,7 @@ class NVMeSwapper:
     def swap_out(self, key: str, tensor: torch.Tensor, async_op: bool = False) -> None:
         """Writes the tensor's bytes to the file of `key` (replacing what it held)."""
         self._check_open()
-        if key in self._reading:
-            self.wait_reads()
+        self._finish_reads_of(key)
         if key in self._writing:
             self.wait_writes()
         src = tensor.detach()
@@ -162,8 +172,11 @@ class NVMeSwapper:
         if not async_op:
             self.wait_writes()
 
-    def swap_in(self, key: str, out: torch.Tensor, async_op: bool = False) -> None:
-        """Reads the bytes of `key` into `out` (same numel and dtype as swapped out)."""
+    def swap_in(
+        self, key: str, out: torch.Tensor, async_op: bool = False, background: bool = False
+    ) -> None:
+        """Reads the bytes of `key` into `out` (same numel and dtype as swapped out).
+        background: on the background handle, completed by wait_reads(background=True)."""
         self._check_open()
         entry = self._entries.get(key)
         if entry is None:
@@ -175,33 +188,43 @@ class NVMeSwapper:
             )
         if key in self._writing:  # the file must hold what is being written first
             self.wait_writes()
-        if key in self._reading:
-            self.wait_reads()
+        self._finish_reads_of(key)
+        lane = self._bg if background else self._reads
         dst = out.detach()
         if dst.device.type != "cpu" or not dst.is_contiguous():
             buf = self._take(entry.nbytes)
-            self._copy_back.append((buf, out))
+            lane.copy_back.append((buf, out))
             dst = buf[: entry.nbytes]
-        self._reading.add(key)
-        self._handle.async_pread(dst, entry.path)
+        lane.keys.add(key)
+        lane.handle.async_pread(dst, entry.path)
         if not async_op:
-            self.wait_reads()
+            self._wait_reads(lane)
 
     def wait(self) -> None:
         """Completes every async op; raises the first error (naming the file and errno)."""
         try:
             self.wait_reads()
+            self.wait_reads(background=True)
         finally:
             self.wait_writes()
 
-    def wait_reads(self) -> None:
-        """Completes the async reads (their data is then in the tensors given)."""
-        if not self._reading:
+    def wait_reads(self, background: bool = False) -> None:
+        """Completes the async reads (their data is then in the tensors given): those
+        issued with swap_in(background=background)."""
+        self._wait_reads(self._bg if background else self._reads)
+
+    def _finish_reads_of(self, key: str) -> None:
+        for lane in (self._reads, self._bg):
+            if key in lane.keys:
+                self._wait_reads(lane)
+
+    def _wait_reads(self, lane: _Reads) -> None:
+        if not lane.keys:
             return
-        copy_back, self._copy_back = self._copy_back, []
-        self._reading.clear()
+        copy_back, lane.copy_back = lane.copy_back, []
+        lane.keys.clear()
         try:
-            self._handle.wait()
+            lane.handle.wait()
             for buf, out in copy_back:
                 n = out.numel() * out.element_size()
                 out.detach().copy_(buf[:n].view(out.dtype).view(out.shape))
@@ -234,8 +257,7 @@ class NVMeSwapper:
 
     def discard(self, key: str) -> None:
         """Forgets `key` and removes its file (after its I/O)."""
-        if key in self._reading:
-            self.wait_reads()
+        self._finish_reads_of(key)
         if key in self._writing:
             self.wait_writes()
         entry = self._entries.pop(key, None)

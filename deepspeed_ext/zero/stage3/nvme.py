@@ -237,14 +237,14 @@ class OptimizerSwap:
         st = self.optimizer.state.get(m, {})
         return {k: v for k, v in st.items() if torch.is_tensor(v) and k != "step" and v.dim()}
 
-    def _swap_in(self, i: int, numel: int) -> None:
+    def _swap_in(self, i: int, numel: int, background: bool = False) -> None:
         """Into aligned memory from the swapper: no bounce copy in the I/O op."""
         m = self.masters[i]
         m.data = self.swapper.empty(numel, m.dtype)
-        self.swapper.swap_in(f"master{i}", m.data, async_op=True)
+        self.swapper.swap_in(f"master{i}", m.data, async_op=True, background=background)
         for k, v in self._state_tensors(m).items():
             full = self.swapper.empty(numel, v.dtype)
-            self.swapper.swap_in(f"master{i}.{k}", full, async_op=True)
+            self.swapper.swap_in(f"master{i}.{k}", full, async_op=True, background=background)
             self.optimizer.state[m][k] = full
 
     def _swap_out(self, i: int) -> None:
@@ -261,10 +261,12 @@ class OptimizerSwap:
         self.swapper.release(m.data)
         m.data = torch.empty(0, dtype=m.dtype)
 
-    def _sub_groups(self) -> Iterator[list[int]]:
+    def _sub_groups(self, skip: frozenset[int] = frozenset()) -> Iterator[list[int]]:
         group: list[int] = []
         size = 0
         for i, p in enumerate(self.params):
+            if i in skip:
+                continue
             if group and size + p.ds_shard_numel > self.sub_group_numel:
                 yield group
                 group, size = [], 0
@@ -274,59 +276,73 @@ class OptimizerSwap:
             yield group
 
     # -- the step --
-    def _read(self, sub: list[int]) -> None:
+    def read_group(self, sub: list[int], background: bool = False) -> None:
+        """Starts reading the masters of `sub` and their states (async: wait_reads() with
+        the same `background`)."""
         for i in sub:
-            self._swap_in(i, self.params[i].ds_shard_numel)
+            self._swap_in(i, self.params[i].ds_shard_numel, background)
 
     @torch.no_grad()
-    def step(self, grad_of: Callable[[int], torch.Tensor]) -> None:
-        """optimizer.step() one sub-group at a time, master i getting grad_of(i) (a master's
-        grad must match its size, so it is attached once swapped in); the new values go to
-        the shards. Reads and writes overlap the steps as configured ([Note: pipelined
-        optimizer swap])."""
+    def step_only(self, sub: list[int], grad_of: Callable[[int], torch.Tensor]) -> None:
+        """optimizer.step() on the masters of `sub` alone (in memory), master i getting
+        grad_of(i) (a master's grad must match its size, so it is attached once swapped in);
+        their new values go to the shards. The caller swaps them out."""
         opt = self.optimizer
-        sw = self.swapper
         all_params = [list(g["params"]) for g in opt.param_groups]
-        subs = list(self._sub_groups())
-        written: list[int] = []  # stepped and being written, not yet dropped
+        for i in sub:
+            self.masters[i].grad = grad_of(i)
+        chosen = {id(self.masters[i]) for i in sub}
         try:
-            if subs:
-                self._read(subs[0])
-            for k, sub in enumerate(subs):
-                sw.wait_reads()  # sub-group k is in memory
-                if self.pipeline_read and k + 1 < len(subs):
-                    self._read(subs[k + 1])  # overlaps this step
-                    self.stats["overlapped_reads"] += 1
-                for i in sub:
-                    self.masters[i].grad = grad_of(i)
-                chosen = {id(self.masters[i]) for i in sub}
-                for g, ps in zip(opt.param_groups, all_params):
-                    g["params"] = [m for m in ps if id(m) in chosen]
-                opt.step()
-                if self.pipeline_write:  # the previous sub-group's write overlapped the step
-                    self.stats["overlapped_writes"] += bool(written)
-                    sw.wait_writes()
-                    for i in written:
-                        self._drop(i)
-                    written = []
-                for i in sub:
-                    self.masters[i].grad = None
-                    self._store_shard(i)
-                    self._swap_out(i)
-                written += sub
-                if not self.pipeline_write:
-                    sw.wait_writes()
-                    for i in written:
-                        self._drop(i)
-                    written = []
-                if not self.pipeline_read and k + 1 < len(subs):
-                    self._read(subs[k + 1])
-            sw.wait_writes()
-            for i in written:
-                self._drop(i)
+            for g, ps in zip(opt.param_groups, all_params):
+                g["params"] = [m for m in ps if id(m) in chosen]
+            opt.step()
         finally:
             for g, ps in zip(opt.param_groups, all_params):
                 g["params"] = ps
+        for i in sub:
+            self.masters[i].grad = None
+            self._store_shard(i)
+
+    def swap_out_group(self, sub: list[int]) -> None:
+        for i in sub:
+            self._swap_out(i)
+
+    def drop_group(self, sub: list[int]) -> None:
+        for i in sub:
+            self._drop(i)
+
+    @torch.no_grad()
+    def step(
+        self, grad_of: Callable[[int], torch.Tensor], skip: frozenset[int] = frozenset()
+    ) -> None:
+        """Every master not in `skip` steps, one sub-group at a time (step_only); reads and
+        writes overlap the steps as configured ([Note: pipelined optimizer swap])."""
+        sw = self.swapper
+        subs = list(self._sub_groups(skip))
+        written: list[int] = []  # stepped and being written, not yet dropped
+        if subs:
+            self.read_group(subs[0])
+        for k, sub in enumerate(subs):
+            sw.wait_reads()  # sub-group k is in memory
+            if self.pipeline_read and k + 1 < len(subs):
+                self.read_group(subs[k + 1])  # overlaps this step
+                self.stats["overlapped_reads"] += 1
+            self.step_only(sub, grad_of)
+            if self.pipeline_write:  # the previous sub-group's write overlapped the step
+                self.stats["overlapped_writes"] += bool(written)
+                sw.wait_writes()
+                self.drop_group(written)
+                written = []
+            self.swap_out_group(sub)
+            written += sub
+            if not self.pipeline_write:
+                sw.wait_writes()
+                self.drop_group(written)
+                written = []
+            if not self.pipeline_read and k + 1 < len(subs):
+                self.read_group(subs[k + 1])
+        sw.wait_writes()
+        self.drop_group(written)
 
     @contextmanager
     def resident(self) -> Iterator[None]:

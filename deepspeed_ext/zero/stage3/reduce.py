@@ -26,6 +26,7 @@ it). Pinned host partitions (optimizer offload from a GPU) stay allocated: pinni
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +113,8 @@ class Stage3Reducer:
         self.made = 0  # pooled buffers made in this backward (at most max_in_flight + 1)
         self.current: _Bucket | None = None
         self.in_flight: deque[tuple[Any, torch.Tensor, _Bucket]] = deque()
+        # called with a bucket's parameters once their partitions hold its reduction
+        self.on_reduced: Callable[[list[Any]], None] | None = None
 
     def add(self, p: Any, grad: torch.Tensor) -> None:
         """Copy `grad` (p's full gradient) into the bucket; the caller then drops it."""
@@ -195,6 +198,8 @@ class Stage3Reducer:
             else:
                 part.add_(mine.to(part.device), alpha=self.after)
             off += s
+        if self.on_reduced is not None:
+            self.on_reduced(list(bucket.params))
         if bucket.pooled:
             bucket.used, bucket.params = 0, []
             self.pool.append(bucket.flat)

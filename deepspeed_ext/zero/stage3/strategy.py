@@ -59,6 +59,8 @@ class Stage3Options:
         # [Note: pipelined optimizer swap]
         self.pipeline_read = bool(getattr(opt, "pipeline_read", False))
         self.pipeline_write = bool(getattr(opt, "pipeline_write", False))
+        # [Note: optimizer steps in backward]
+        self.step_in_backward = bool(getattr(opt, "step_in_backward", False))
         self.sub_group_numel = int(zero_cfg.sub_group_size)
         self.leaf_module = zero_cfg.leaf_module
         self.allowed_types = zero_cfg.zero_allowed_param_types
@@ -83,6 +85,7 @@ class Stage3Strategy:
         self._partition_all(module, device)
         self.swappers: list[Any] = []
         self.optimizer_swap: Any = None
+        self.backward_steps: Any = None  # [Note: optimizer steps in backward]
         if options.param_offload == "nvme":
             self._params_to_nvme()
         self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
@@ -221,12 +224,43 @@ class Stage3Strategy:
         self.optimizer_swap.attach(
             optimizer, self.trainable, [self.masters[id(p)] for p in self.trainable]
         )
+        if o.step_in_backward:
+            self._steps_in_backward()
+
+    def _steps_in_backward(self) -> None:
+        """[Note: optimizer steps in backward]: sub-groups smaller than this rank's masters,
+        so that some step before the backward ends; tied parameters step last."""
+        from .nvme_backward import BackwardSteps
+
+        total = sum(p.ds_shard_numel for p in self.trainable)
+        if self.options.sub_group_numel >= total:
+            raise ValueError(
+                "zero_optimization.offload_optimizer.step_in_backward steps sub-groups of "
+                f"zero_optimization.sub_group_size={self.options.sub_group_numel} elements "
+                f"during the backward, but this rank's masters hold {total} in all, so none "
+                f"would step before it ends: set sub_group_size to about {max(1, total // 8)} "
+                "(an eighth of them) or remove step_in_backward"
+            )
+        owners: dict[int, int] = {}
+        for m in self.module.modules():
+            for p in {id(p): p for p in m._parameters.values() if p is not None}.values():
+                owners[id(p)] = owners.get(id(p), 0) + 1
+        late = {i for i, p in enumerate(self.trainable) if owners.get(id(p), 0) > 1}
+        self._index = {id(p): i for i, p in enumerate(self.trainable)}
+        self.backward_steps = BackwardSteps(self.optimizer_swap, late)
 
     def optimizer_step(self, optimizer: Any) -> None:
         if self.optimizer_swap is not None:  # also writes the new values into the shards
-            self.optimizer_swap.step(lambda i: self._grad_for(self.trainable[i]))
+            done: frozenset[int] = frozenset()
+            steps = self.backward_steps
+            if steps is not None and steps.open:
+                done = steps.finish(self._grad_at)
+            self.optimizer_swap.step(self._grad_at, skip=done)
         else:
             optimizer.step()
+
+    def _grad_at(self, i: int) -> torch.Tensor:
+        return self._grad_for(self.trainable[i])
 
     def _grad_for(self, p: Any) -> torch.Tensor:
         g = self.reducer.part_of(p)
@@ -309,6 +343,21 @@ class Stage3Strategy:
                 "no_sync() cannot be used with ZeRO stage 3: gradients are reduce-scattered "
                 "every micro-step so that no rank keeps a full copy; use stage 0 or 1"
             )
+        steps = self.backward_steps
+        if steps is None:
+            return
+        if steps.open:  # [Note: optimizer steps in backward]
+            raise RuntimeError(
+                "a boundary backward with zero_optimization.offload_optimizer.step_in_backward "
+                "already updated some parameters: call engine.step() before the next backward"
+            )
+        if boundary:
+            steps.begin()
+            self.reducer.on_reduced = self._reduced
+
+    def _reduced(self, params: list[Any]) -> None:
+        idx = [self._index[id(p)] for p in params]
+        self.backward_steps.reduced(idx, self._grad_at)
 
     def begin_pass(self) -> None:
         """A backward pass is running (called from its hooks): arm the end callback."""
@@ -320,6 +369,7 @@ class Stage3Strategy:
             return
         self._in_backward = False
         self.reducer.flush()
+        self.reducer.on_reduced = None
         self.hooks.end_backward()
         release_params(self.module.parameters())
 

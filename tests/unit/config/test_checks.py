@@ -66,3 +66,35 @@ def test_offload_device_and_stage_are_typed():
         "zero_optimization.offload_optimizer.device: expected one of 'none', 'cpu' or 'nvme', "
         "got 'gpu' (str)",
     ]
+
+
+def _early(opt_device: str = "nvme", **top) -> dict:
+    opt = {"device": opt_device, "nvme_path": "/nvme", "step_in_backward": True}
+    return {
+        "gradient_clipping": 0.0,
+        **top,
+        "zero_optimization": {"stage": 3, "offload_optimizer": opt},
+    }
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        (_early(gradient_clipping=1.0), r"gradient_clipping 1.0: .*set gradient_clipping 0"),
+        ({**_early(), "gradient_clipping": "auto", "fp16": {"enabled": True}}, "fp16.enabled"),
+        (_early(bf16={"enabled": True, "check_grad_overflow": True}), "bf16.check_grad_overflow"),
+        (_early("cpu"), r'offload_optimizer.device "cpu": .*set offload_optimizer.device "nvme"'),
+    ],
+)
+def test_step_in_backward_clashes_are_named(cfg, message):
+    """[Note: optimizer steps in backward]: an update made during the backward must be the
+    one engine.step() would make, so what could change it after the fact is refused."""
+    with pytest.raises(ConfigError, match="offload_optimizer.step_in_backward does not work with"):
+        parse(cfg)
+    with pytest.raises(ConfigError, match=message):
+        parse(cfg)
+
+
+def test_step_in_backward_passes_without_clashes():
+    parse(_early())
+    parse(_early(bf16={"enabled": True, "check_grad_overflow": False}))

@@ -66,6 +66,30 @@ def test_many_async_swaps_then_one_wait(swapper):
     assert swapper.nbytes_on_disk() == sum(t.numel() * 2 for t in srcs.values())
 
 
+def test_background_reads_are_waited_for_on_their_own(swapper):
+    """A background read (optimizer state read during the backward) is not completed by the
+    foreground wait_reads() a parameter fetch makes, only by wait_reads(background=True);
+    anything else touching its key first completes it."""
+    a, b = _rand((4096,), torch.float32, 1), _rand((4096,), torch.float32, 2)
+    swapper.swap_out("state", a)
+    swapper.swap_out("shard", b)
+    got_a, got_b = torch.empty_like(a), torch.empty_like(b)
+    swapper.swap_in("state", got_a, async_op=True, background=True)
+    swapper.swap_in("shard", got_b, async_op=True)
+    swapper.wait_reads()
+    assert torch.equal(got_b, b)
+    assert swapper._bg.keys == {"state"}, "the foreground wait left the background read alone"
+    swapper.wait_reads(background=True)
+    assert torch.equal(got_a, a) and not swapper._bg.keys
+    # a write of a key whose background read is in flight waits for that read first
+    swapper.swap_in("state", got_a, async_op=True, background=True)
+    swapper.swap_out("state", b)
+    assert not swapper._bg.keys
+    again = torch.empty_like(b)
+    swapper.swap_in("state", again)
+    assert torch.equal(again, b)
+
+
 def test_non_contiguous_tensors_are_staged(swapper):
     src = _rand((300, 70), torch.float32).t()  # (70, 300), not contiguous
     swapper.swap_out("w", src, async_op=True)

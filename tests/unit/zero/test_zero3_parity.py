@@ -6,7 +6,7 @@ import torch
 
 from tests.helpers.distributed import run_ranks
 from tests.unit.zero.test_zero_parity import SGD_NO_CLIP, _assert_same, stage0
-from tests.unit.zero.zero_runs import train, train_gpt
+from tests.unit.zero.zero_runs import Net, train, train_gpt
 
 
 def z3(**zero) -> dict:
@@ -132,6 +132,77 @@ def test_pipelined_nvme_optimizer_swap_matches_stage0(tmp_path):
     plain = run_ranks(train, 2, 3, 4, 2, z3(offload_optimizer=off, sub_group_size=500))
     assert plain[0]["swapped"]["overlapped_reads"] == 0, plain[0]["swapped"]
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
+
+
+NO_CLIP = {"gradient_clipping": 0.0}
+
+
+def test_nvme_optimizer_steps_in_backward_match_stage0(tmp_path):
+    """offload_optimizer.step_in_backward ([Note: optimizer steps in backward]): sub-groups of
+    masters whose gradients are final step during the backward (with gradient accumulation:
+    only at the boundary); the parameters are those of stage 0 without it."""
+    ref = stage0(2, 4, 2, NO_CLIP)
+    nvme = z3(
+        offload_param={"device": "nvme", "nvme_path": str(tmp_path), "max_in_cpu": 0},
+        offload_optimizer={"device": "nvme", "nvme_path": str(tmp_path), "step_in_backward": True},
+        sub_group_size=200,
+    )
+    got = run_ranks(train, 2, 3, 4, 2, {**NO_CLIP, **nvme})
+    _assert_same(got, ref, atol=2e-6, rtol=1e-5)
+    # 4 steps; the head's and body's masters fill a 200-element sub-group more than once
+    # before the embedding's gradient comes, so some sub-groups step in every backward
+    assert got[0]["swapped"]["stepped_in_backward"] >= 4, got[0]["swapped"]
+    assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
+
+
+def test_steps_in_backward_leave_tied_weights_to_the_step(tmp_path):
+    """The GPT's tied embedding gets a gradient per use: it steps in engine.step(), the
+    blocks' masters in the backward. Each element's update is the one the whole step after
+    the backward makes: the parameters equal those without the key, bit for bit."""
+    opt = {"device": "nvme", "nvme_path": str(tmp_path)}
+    after = run_ranks(
+        train_gpt, 2, 3, 3, {"offload_optimizer": opt, "sub_group_size": 2000}, False, 0.0
+    )
+    opt_in = {**opt, "step_in_backward": True}
+    got = run_ranks(
+        train_gpt, 2, 3, 3, {"offload_optimizer": opt_in, "sub_group_size": 2000}, False, 0.0
+    )
+    assert got[0]["stats"]["stepped_in_backward"] >= 3, got[0]["stats"]
+    assert "stepped_in_backward" not in after[0]["stats"], after[0]["stats"]
+    for a, b in zip(got, after):
+        assert a["losses"] == b["losses"]
+        for n in b["params"]:
+            assert torch.equal(a["params"][n], b["params"][n]), n
+
+
+def _step_in_backward_misuse(path: str, case: str) -> str:
+    from deepspeed_ext.runtime.initialize import initialize
+    from tests.unit.runtime.models import batch
+
+    opt = {"device": "nvme", "nvme_path": path, "step_in_backward": True}
+    size = 10**9 if case == "sub_group" else 200
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "gradient_clipping": 0.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        **z3(offload_optimizer=opt, sub_group_size=size),
+    }
+    try:
+        engine, _, _, _ = initialize(model=Net(), config=cfg)
+        for _ in range(2):  # two boundary backwards, no step between
+            x, y = batch(0, 0, 4)
+            engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+    except (ValueError, RuntimeError) as e:
+        return str(e)
+    return "no error"
+
+
+def test_steps_in_backward_misuse_is_refused_by_name(tmp_path):
+    msgs = [
+        run_ranks(_step_in_backward_misuse, 1, str(tmp_path), c)[0] for c in ("sub_group", "twice")
+    ]
+    assert "sub_group_size=1000000000" in msgs[0] and "set sub_group_size to about" in msgs[0]
+    assert "call engine.step() before the next backward" in msgs[1], msgs[1]
 
 
 def test_bf16_nvme_keeps_shard_files_of_their_own(tmp_path):

@@ -112,7 +112,11 @@ def train(
 
 
 def train_gpt(
-    stage: int, steps: int = 3, zero: dict[str, Any] | None = None, leaf: bool = False
+    stage: int,
+    steps: int = 3,
+    zero: dict[str, Any] | None = None,
+    leaf: bool = False,
+    clip: float = 1.0,
 ) -> dict:
     """The example GPT (tied embeddings, nested blocks) under a ZeRO stage."""
     from deepspeed_ext.runtime.initialize import initialize
@@ -129,7 +133,7 @@ def train_gpt(
     cfg = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 2,
-        "gradient_clipping": 1.0,
+        "gradient_clipping": clip,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
         "zero_optimization": {
             "stage": stage,
@@ -154,6 +158,9 @@ def train_gpt(
     stats = dict(hooks.coordinator.stats) if hooks is not None else {}
     if hooks is not None and hooks.tied is not None:
         stats["tied_uses"] = hooks.tied.uses
+    opt_swap = getattr(engine.strategy, "optimizer_swap", None)
+    stats.update(opt_swap.stats if opt_swap is not None else {})
+    engine.destroy()
     return {"params": params, "losses": losses, "stats": stats}
 
 
