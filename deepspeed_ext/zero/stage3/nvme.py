@@ -9,7 +9,8 @@
   m and v) live in swap files between steps. The step runs in sub-groups of at most
   sub_group_size elements: swap a sub-group in, step only its parameters, write the new
   values into the parameter shards, swap it out; CPU memory holds one sub-group's states at
-  a time (the gradients stay in CPU memory).
+  a time (the gradients stay in CPU memory). With offload_optimizer.step_in_backward the
+  sub-groups step during the backward instead ([Note: optimizer steps in backward]).
 - both on NVMe with an fp32 model: a trainable parameter's shard and its fp32 master are the
   same bytes, so the shard lives in the master's file ([Note: one file for a shard and its
   master]).
