@@ -12,9 +12,11 @@
 // - The forward keeps them in registers (mma.sync m16n8k16, FlashAttention-2 style): Q, the
 //   scores, the probabilities and the output never touch shared memory, which only holds K and
 //   V, fetched with cp.async into two stages so the next tile loads while this one computes.
-// - The backward still runs WMMA 16x16x16 from shared memory: each warp rescales and
-//   exponentiates its own rows of the scores there, so only the loads of shared operands need a
-//   block barrier.
+// - The backward does the same. dQ keeps the warp's Q, dO, their lse and dvec and dQ in
+//   registers and streams K and V; dK/dV keeps K, V, dK and dV and streams Q, dO and the query
+//   tile's lse and dvec (at D = 128 V stays in shared memory instead: its fragments do not fit
+//   in 255 registers beside dK and dV). Both work 16 keys (queries) at a time, so S, dP, P and
+//   dS never exceed a 16 x 16 slice per warp, and P and dS become A fragments where computed.
 // - Scores are kept in log2 units (scale * log2(e) folded in). The forward keeps a running max
 //   and sum per query (online softmax), rescales its fp32 output rows by exp2(old - new max),
 //   and saves each query's log2-sum-exp; the backward recomputes P = exp2(S - lse) from it.
@@ -22,7 +24,6 @@
 //   (as in FlashAttention).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
@@ -35,118 +36,31 @@
 namespace ds {
 namespace {
 
-using cvt::from_float;
 using cvt::to_float;
-namespace wm = nvcuda::wmma;
 
 constexpr int kT = 64;  // tile side: queries and keys
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
 
-using Acc = wm::fragment<wm::accumulator, 16, 16, 16, float>;
-
-// Shared memory: 16-bit rows padded by 16 bytes and fp32 rows by 16 bytes (against bank
-// conflicts: the 8 rows an ldmatrix reads at once start 16 bytes apart modulo 128); every size
-// is a multiple of 32 bytes, so each 16-row WMMA tile stays aligned.
+// Shared memory: 16-bit rows padded by 16 bytes against bank conflicts (the 8 rows an ldmatrix
+// reads at once start 16 bytes apart modulo 128).
 template <typename T, int D>
 struct Ld {
   static constexpr int kTile = D + 8;  // a 64 x D tile of T
-  static constexpr int kS = kT + 4;    // a 64 x 64 fp32 tile
-  static constexpr int kP = kT + 8;    // a 64 x 64 tile of T
   static constexpr size_t kTileBytes = sizeof(T) * kT * kTile;
-  static constexpr size_t kSBytes = sizeof(float) * kT * kS;
-  static constexpr size_t kPBytes = sizeof(T) * kT * kP;
-  static constexpr size_t kRowBytes = sizeof(float) * kT;
-  static constexpr size_t kFwd = 4 * kTileBytes;  // two stages of K and V (Q borrows one)
-  static constexpr size_t kBwdKV = 4 * kTileBytes + 2 * kSBytes + 2 * kPBytes + 2 * kRowBytes;
-  static constexpr size_t kBwdQ = 4 * kTileBytes + 2 * kSBytes + kPBytes + 2 * kRowBytes;
+  static constexpr size_t kFwd = 4 * kTileBytes;   // two stages of K and V (Q borrows one)
+  static constexpr size_t kBwdQ = 4 * kTileBytes;  // the same (Q and dO borrow one)
+  // Two stages of Q, dO and the query tile's lse and dvec (K and V borrow one); at D = 128
+  // V's A fragments do not fit in registers beside the rest, so V keeps a tile of its own.
+  static constexpr bool kBwdKVRegs = D == 64;
+  static constexpr size_t kBwdKV =
+      4 * kTileBytes + 2 * 2 * sizeof(float) * kT + (kBwdKVRegs ? 0 : kTileBytes);
 };
-
-// A bump allocator over the dynamic shared memory.
-struct Carve {
-  unsigned char* p;
-  template <typename U>
-  __device__ U* take(size_t bytes) {
-    U* r = reinterpret_cast<U*>(p);
-    p += bytes;
-    return r;
-  }
-};
-
-// dst[64][D + 8] = the 64 contiguous rows of D elements at src, in 16-byte pieces.
-template <typename T, int D>
-__device__ __forceinline__ void load_tile(T* dst, const T* src) {
-  constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
-  for (int e = threadIdx.x; e < kT * kPerRow; e += kThreads) {
-    const int r = e / kPerRow, c = (e % kPerRow) * kVec;
-    *reinterpret_cast<uint4*>(dst + r * Ld<T, D>::kTile + c) =
-        __ldg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * D + c));
-  }
-}
 
 __device__ __forceinline__ float warp_sum(float x) {
   for (int d = 16; d > 0; d >>= 1) x += __shfl_xor_sync(0xffffffffu, x, d);
   return x;
-}
-
-// acc[n] = a[16][K] @ b^T for 16-column slices n, where bt holds b's transpose: N rows of K.
-template <typename T, int K, int N>
-__device__ __forceinline__ void mma_abt(Acc (&acc)[N / 16], const T* a, int lda, const T* bt,
-                                        int ldb) {
-#pragma unroll
-  for (int n = 0; n < N / 16; ++n) wm::fill_fragment(acc[n], 0.f);
-#pragma unroll
-  for (int k = 0; k < K; k += 16) {
-    wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
-    wm::load_matrix_sync(fa, a + k, lda);
-#pragma unroll
-    for (int n = 0; n < N / 16; ++n) {
-      wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::col_major> fb;
-      wm::load_matrix_sync(fb, bt + n * 16 * ldb + k, ldb);
-      wm::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-}
-
-// acc[n] += a[16][K] @ b[K][N] (b row-major), for 16-column slices n.
-template <typename T, int K, int N>
-__device__ __forceinline__ void mma_ab(Acc (&acc)[N / 16], const T* a, int lda, const T* b,
-                                       int ldb) {
-#pragma unroll
-  for (int k = 0; k < K; k += 16) {
-    wm::fragment<wm::matrix_a, 16, 16, 16, T, wm::row_major> fa;
-    wm::load_matrix_sync(fa, a + k, lda);
-#pragma unroll
-    for (int n = 0; n < N / 16; ++n) {
-      wm::fragment<wm::matrix_b, 16, 16, 16, T, wm::row_major> fb;
-      wm::load_matrix_sync(fb, b + k * ldb + n * 16, ldb);
-      wm::mma_sync(acc[n], fa, fb, acc[n]);
-    }
-  }
-}
-
-template <int N>
-__device__ __forceinline__ void store_rows(float* dst, int ld, Acc (&acc)[N / 16]) {
-#pragma unroll
-  for (int n = 0; n < N / 16; ++n)
-    wm::store_matrix_sync(dst + n * 16, acc[n], ld, wm::mem_row_major);
-}
-
-// The warp's 16 rows of a [64, D] fp32 result to global rows out[row * D + col] * mul, through a
-// 16x16 staging tile of the warp's own (`stage`, 256 floats).
-template <typename T, int D>
-__device__ __forceinline__ void write_rows(T* out, Acc (&acc)[D / 16], float mul, float* stage) {
-  const int lane = threadIdx.x % 32;
-#pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wm::store_matrix_sync(stage, acc[n], 16, wm::mem_row_major);
-    __syncwarp();
-    for (int e = lane; e < 256; e += 32) {
-      out[static_cast<int64_t>(e / 16) * D + n * 16 + e % 16] = from_float<T>(stage[e] * mul);
-    }
-    __syncwarp();
-  }
 }
 
 // Which tiles a layout block holds: tile t of a side lies in layout block t / sub.
@@ -161,7 +75,7 @@ struct Tiling {
   }
 };
 
-// Register-level tensor-core pieces of the forward (sm_80+). The fragment layouts they rely on
+// Register-level tensor-core pieces of the kernels (sm_80+). The fragment layouts they rely on
 // (PTX ISA: "Matrix Fragments for mma.m16n8k16 with floating point type" and "Warp-level matrix
 // load instruction: ldmatrix"), with gr = lane / 4 and gc = lane % 4, "(row, columns)":
 // - A, 16 x 16 row-major, four b32 of two 16-bit values, the lower column in the low half:
@@ -181,6 +95,12 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 // 16 bytes global -> shared without passing through registers (.cg: cached in L2 only).
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+               : "memory");
+}
+
+// 4 bytes global -> shared (.ca: .cg takes 16 only), for fp32 rows aligned to 4 bytes only.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src)
                : "memory");
 }
 
@@ -448,138 +368,266 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) dvec[row] = s;
 }
 
+// The warp's 16 rows of an fp32 result held as C fragments (acc[j]: columns 8j.., rows gr and
+// gr + 8), times mul, to global rows out[0..15] of D, through the same rows (`os`, row 0 of the
+// warp's) of a shared tile, so that global stores are 16 bytes.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__device__ __forceinline__ void write_rows(T* out, const float (&acc)[D / 8][4], float mul, T* os) {
+  constexpr int kLd = Ld<T, D>::kTile, kVec = 16 / sizeof(T), kPerRow = D / kVec;
+  const int lane = threadIdx.x % 32, gr = lane / 4, gc = lane % 4;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint32_t*>(os + (gr + 8 * h) * kLd + 8 * j + 2 * gc) =
+          pack2<T>(acc[j][2 * h] * mul, acc[j][2 * h + 1] * mul);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * kPerRow / 32; ++i) {
+    const int e = lane + 32 * i, r = e / kPerRow, c = (e % kPerRow) * kVec;
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * D + c) =
+        *reinterpret_cast<const uint4*>(os + r * kLd + c);
+  }
+}
+
+// dK and dV of one key tile, the mirror of the forward: each warp keeps its 16 keys of K and V
+// (A fragments) and of dK and dV (fp32 C fragments) in registers, and walks the key tile's
+// layout column. Q, dO and the query tile's lse and dvec come through shared memory in two
+// cp.async stages. Working 16 queries at a time keeps S^T, dP^T, P^T and dS^T to a few
+// registers: P^T and dS^T are A fragments as soon as they are computed.
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     flash_bwd_kv_kernel(BlockLut L, const T* q, const T* k, const T* v, const T* dout,
                         const float* lse, const float* dvec, T* dk, T* dv, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  using S = Ld<T, D>;
+  constexpr int kLd = Ld<T, D>::kTile, kTileElems = kT * kLd;
+  constexpr bool kVRegs = Ld<T, D>::kBwdKVRegs;
+  static_assert(kThreads == 2 * kT, "one thread per lse and dvec value of a tile");
   extern __shared__ __align__(128) unsigned char smem[];
-  Carve cv{smem};
-  T* ks = cv.take<T>(S::kTileBytes);
-  T* vs = cv.take<T>(S::kTileBytes);
-  T* qs = cv.take<T>(S::kTileBytes);
-  T* dos = cv.take<T>(S::kTileBytes);
-  float* st = cv.take<float>(S::kSBytes);   // S^T: keys x queries
-  float* dpt = cv.take<float>(S::kSBytes);  // dP^T
-  T* pt = cv.take<T>(S::kPBytes);
-  T* dst = cv.take<T>(S::kPBytes);
-  float* lq = cv.take<float>(S::kRowBytes);
-  float* dq_dot = cv.take<float>(S::kRowBytes);
+  // Stage s holds Q at q_at(s), dO after it, and the tile's lse and dvec (kT floats each) at
+  // rows_at(s). K (and V) borrow stage 1 until they are in registers; without kVRegs, V stays
+  // at vs for the whole kernel.
+  T* const qd = reinterpret_cast<T*>(smem);
+  float* const rows = reinterpret_cast<float*>(qd + 4 * kTileElems);
+  T* const vs = reinterpret_cast<T*>(rows + 4 * kT);
+  auto q_at = [qd](int stage) { return qd + 2 * stage * kTileElems; };
+  auto do_at = [qd](int stage) { return qd + (2 * stage + 1) * kTileElems; };
+  auto rows_at = [rows](int stage) { return rows + 2 * stage * kT; };
   const Tiling g(L);
   const int64_t t = blockIdx.x, key = g.h * L.nb + t / g.sub, base = g.bh * g.seq * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+  const int gc = lane % 4;
   const float sl2 = scale * kLog2e;
-  load_tile<T, D>(ks, k + base + t * kT * D);
-  load_tile<T, D>(vs, v + base + t * kT * D);
-  Acc dkf[D / 16], dvf[D / 16];
+  const int32_t e0 = L.col_ptr[key];
+  const int n = (L.col_ptr[key + 1] - e0) * g.sub;  // query tiles of the layout column
+  // Query tile i of the column is tile i % sub of its (i / sub)-th layout block, in col_ptr order.
+  auto tile_at = [&](int i) {
+    const int64_t r = L.blocks[3 * static_cast<int64_t>(L.col_idx[e0 + i / g.sub]) + 1];
+    return r * g.sub + i % g.sub;
+  };
+  // lse and dvec need only 4-byte alignment, hence one float per thread.
+  const int half = threadIdx.x / kT, at = threadIdx.x % kT;
+  auto fetch = [&](int64_t qt, int stage) {
+    cp_tile<T, D>(q_at(stage), q + base + qt * kT * D);
+    cp_tile<T, D>(do_at(stage), dout + base + qt * kT * D);
+    cp_async4(rows_at(stage) + half * kT + at,
+              (half == 0 ? lse : dvec) + g.bh * g.seq + qt * kT + at);
+  };
+
+  cp_tile<T, D>(q_at(1), k + base + t * kT * D);
+  cp_tile<T, D>(kVRegs ? do_at(1) : vs, v + base + t * kT * D);
+  if (n > 0) fetch(tile_at(0), 0);
+  cp_async_commit();
+  cp_async_wait<0>();
+  __syncthreads();
+  // The warp's K and V rows as A fragments, as the forward's Q.
+  const int aoff = (r0 + (lane & 15)) * kLd + (lane >> 4) * 8;
+  uint32_t kf[D / 16][4], vf[kVRegs ? D / 16 : 1][4];
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) {
-    wm::fill_fragment(dkf[n], 0.f);
-    wm::fill_fragment(dvf[n], 0.f);
+  for (int kk = 0; kk < D / 16; ++kk) {
+    ldmatrix_x4(kf[kk], q_at(1) + aoff + kk * 16);
+    if constexpr (kVRegs) ldmatrix_x4(vf[kk], do_at(1) + aoff + kk * 16);
   }
-  for (int32_t e = L.col_ptr[key]; e < L.col_ptr[key + 1]; ++e) {
-    const int64_t r = L.blocks[3 * static_cast<int64_t>(L.col_idx[e]) + 1];
-    for (int i = 0; i < g.sub; ++i) {
-      const int64_t qt = r * g.sub + i, row0 = g.bh * g.seq + qt * kT;
-      __syncthreads();  // every warp is done with the previous Q, dO and row terms
-      load_tile<T, D>(qs, q + base + qt * kT * D);
-      load_tile<T, D>(dos, dout + base + qt * kT * D);
-      if (threadIdx.x < kT) {
-        lq[threadIdx.x] = lse[row0 + threadIdx.x];
-        dq_dot[threadIdx.x] = dvec[row0 + threadIdx.x];
-      }
-      __syncthreads();
-      Acc a[kT / 16];
-      mma_abt<T, D, kT>(a, ks + r0 * S::kTile, S::kTile, qs, S::kTile);  // S^T = K Q^T
-      store_rows<kT>(st + r0 * S::kS, S::kS, a);
-      mma_abt<T, D, kT>(a, vs + r0 * S::kTile, S::kTile, dos, S::kTile);  // dP^T = V dO^T
-      store_rows<kT>(dpt + r0 * S::kS, S::kS, a);
-      __syncwarp();
-      for (int ii = 0; ii < 16; ++ii) {
-        const int rr = r0 + ii;
+
+  float dka[D / 8][4] = {}, dva[D / 8][4] = {};  // columns 8j.. of keys r0 + gr, r0 + gr + 8
+  int64_t next = n > 1 ? tile_at(1) : 0;
+  for (int i = 0; i < n; ++i) {
+    const int st = i & 1;
+    __syncthreads();  // every warp is done with stage st ^ 1 (tile i - 1, or K and V)
+    if (i + 1 < n) fetch(next, st ^ 1);
+    cp_async_commit();  // empty on the last tile, which keeps the count below right
+    if (i + 2 < n) next = tile_at(i + 2);
+    cp_async_wait<1>();
+    __syncthreads();
+    const T* qs = q_at(st);
+    const T* dos = do_at(st);
+    const float* ls = rows_at(st);
+    const float* ds = ls + kT;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = lane + 32 * half;  // the query
-          const float p = exp2f(st[rr * S::kS + col] * sl2 - lq[col]);
-          pt[rr * S::kP + col] = from_float<T>(p);
-          dst[rr * S::kP + col] = from_float<T>(p * (dpt[rr * S::kS + col] - dq_dot[col]));
+    for (int np = 0; np < kT / 16; ++np) {  // queries 16np..+15
+      // S^T = K Q^T and dP^T = V dO^T: B fragments from Q and dO rows as stored (the
+      // forward's K).
+      float s[2][4] = {}, dp[2][4] = {};
+      const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b[4];
+        ldmatrix_x4(b, qs + boff + kk * 16);
+        mma16816<T>(s[0], kf[kk], b[0], b[1]);
+        mma16816<T>(s[1], kf[kk], b[2], b[3]);
+        if constexpr (!kVRegs) ldmatrix_x4(vf[0], vs + aoff + kk * 16);
+        const uint32_t (&va)[4] = vf[kVRegs ? kk : 0];
+        ldmatrix_x4(b, dos + boff + kk * 16);
+        mma16816<T>(dp[0], va, b[0], b[1]);
+        mma16816<T>(dp[1], va, b[2], b[3]);
+      }
+      // s[j][2h + x] is key gr + 8h, query 16np + 8j + 2gc + x; P^T and dS^T go straight
+      // into A fragments, as the forward's P.
+      uint32_t pa[4], da[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int c = np * 16 + 8 * j + 2 * gc;
+        const float2 l2 = *reinterpret_cast<const float2*>(ls + c);
+        const float2 d2 = *reinterpret_cast<const float2*>(ds + c);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = exp2f(s[j][2 * h] * sl2 - l2.x);
+          const float p1 = exp2f(s[j][2 * h + 1] * sl2 - l2.y);
+          pa[2 * j + h] = pack2<T>(p0, p1);
+          da[2 * j + h] = pack2<T>(p0 * (dp[j][2 * h] - d2.x), p1 * (dp[j][2 * h + 1] - d2.y));
         }
       }
-      __syncwarp();
-      mma_ab<T, kT, D>(dvf, pt + r0 * S::kP, S::kP, dos, S::kTile);  // dV += P^T dO
-      mma_ab<T, kT, D>(dkf, dst + r0 * S::kP, S::kP, qs, S::kTile);  // dK += dS^T Q
+      // dV += P^T dO and dK += dS^T Q: B fragments via .trans (the forward's V).
+      const int toff = (np * 16 + (lane & 15)) * kLd + (lane >> 4) * 8;
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, dos + toff + dd * 16);
+        mma16816<T>(dva[2 * dd], pa, b[0], b[1]);
+        mma16816<T>(dva[2 * dd + 1], pa, b[2], b[3]);
+        ldmatrix_x4_trans(b, qs + toff + dd * 16);
+        mma16816<T>(dka[2 * dd], da, b[0], b[1]);
+        mma16816<T>(dka[2 * dd + 1], da, b[2], b[3]);
+      }
     }
   }
-  const int64_t out0 = base + (t * kT + r0) * D;
-  write_rows<T, D>(dk + out0, dkf, scale, st + r0 * S::kS);
-  write_rows<T, D>(dv + out0, dvf, 1.f, st + r0 * S::kS);
+
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with both stages
+  const int64_t out = base + (t * kT + r0) * D;
+  write_rows<T, D>(dk + out, dka, scale, q_at(0) + r0 * kLd);
+  write_rows<T, D>(dv + out, dva, 1.f, do_at(0) + r0 * kLd);
 #endif
 }
 
+// dQ of one query tile: each warp keeps its 16 queries of Q and dO (A fragments), their lse
+// and dvec, and dQ (fp32 C fragments) in registers, and walks the query tile's layout row as
+// the forward does, K and V in two cp.async stages. 16 keys at a time, as dK/dV.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
     flash_bwd_q_kernel(BlockLut L, const T* q, const T* k, const T* v, const T* dout,
                        const float* lse, const float* dvec, T* dq, float scale) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  using S = Ld<T, D>;
+  constexpr int kLd = Ld<T, D>::kTile, kTileElems = kT * kLd;
   extern __shared__ __align__(128) unsigned char smem[];
-  Carve cv{smem};
-  T* qs = cv.take<T>(S::kTileBytes);
-  T* dos = cv.take<T>(S::kTileBytes);
-  T* ks = cv.take<T>(S::kTileBytes);
-  T* vs = cv.take<T>(S::kTileBytes);
-  float* ss = cv.take<float>(S::kSBytes);
-  float* dps = cv.take<float>(S::kSBytes);
-  T* dss = cv.take<T>(S::kPBytes);
-  float* lq = cv.take<float>(S::kRowBytes);
-  float* dq_dot = cv.take<float>(S::kRowBytes);
+  // Stage s holds K at k_at(s) and V after it. Q and dO borrow stage 1 until in registers.
+  T* const kv = reinterpret_cast<T*>(smem);
+  auto k_at = [kv](int stage) { return kv + 2 * stage * kTileElems; };
+  auto v_at = [kv](int stage) { return kv + (2 * stage + 1) * kTileElems; };
   const Tiling g(L);
   const int64_t t = blockIdx.x, key = g.h * L.nb + t / g.sub, base = g.bh * g.seq * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
+  const int gr = lane / 4;
   const float sl2 = scale * kLog2e;
-  load_tile<T, D>(qs, q + base + t * kT * D);
-  load_tile<T, D>(dos, dout + base + t * kT * D);
-  if (threadIdx.x < kT) {
-    lq[threadIdx.x] = lse[g.bh * g.seq + t * kT + threadIdx.x];
-    dq_dot[threadIdx.x] = dvec[g.bh * g.seq + t * kT + threadIdx.x];
+  const int32_t e0 = L.row_ptr[key];
+  const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
+  auto tile_at = [&](int i) {                       // as the forward's
+    const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e0 + i / g.sub]) + 2];
+    return base + (c * g.sub + i % g.sub) * kT * D;
+  };
+  auto fetch = [&](int64_t off, int stage) {
+    cp_tile<T, D>(k_at(stage), k + off);
+    cp_tile<T, D>(v_at(stage), v + off);
+  };
+
+  cp_tile<T, D>(k_at(1), q + base + t * kT * D);
+  cp_tile<T, D>(v_at(1), dout + base + t * kT * D);
+  if (n > 0) fetch(tile_at(0), 0);
+  cp_async_commit();
+  float lr[2], dr[2];  // lse and dvec of rows gr, gr + 8
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = g.bh * g.seq + t * kT + r0 + gr + 8 * h;
+    lr[h] = lse[row];
+    dr[h] = dvec[row];
   }
-  Acc dqf[D / 16];
+  cp_async_wait<0>();
+  __syncthreads();
+  uint32_t qf[D / 16][4], df[D / 16][4];  // the warp's Q and dO rows, as the forward's Q
 #pragma unroll
-  for (int n = 0; n < D / 16; ++n) wm::fill_fragment(dqf[n], 0.f);
-  for (int32_t e = L.row_ptr[key]; e < L.row_ptr[key + 1]; ++e) {
-    const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e]) + 2];
-    for (int j = 0; j < g.sub; ++j) {
-      const int64_t kt = c * g.sub + j;
-      __syncthreads();  // every warp is done with the previous K and V (and Q, dO are in)
-      load_tile<T, D>(ks, k + base + kt * kT * D);
-      load_tile<T, D>(vs, v + base + kt * kT * D);
-      __syncthreads();
-      Acc a[kT / 16];
-      mma_abt<T, D, kT>(a, qs + r0 * S::kTile, S::kTile, ks, S::kTile);  // S = Q K^T
-      store_rows<kT>(ss + r0 * S::kS, S::kS, a);
-      mma_abt<T, D, kT>(a, dos + r0 * S::kTile, S::kTile, vs, S::kTile);  // dP = dO V^T
-      store_rows<kT>(dps + r0 * S::kS, S::kS, a);
-      __syncwarp();
-      for (int ii = 0; ii < 16; ++ii) {
-        const int rr = r0 + ii;
-        const float lrow = lq[rr], drow = dq_dot[rr];
+  for (int kk = 0; kk < D / 16; ++kk) {
+    const int off = (r0 + (lane & 15)) * kLd + kk * 16 + (lane >> 4) * 8;
+    ldmatrix_x4(qf[kk], k_at(1) + off);
+    ldmatrix_x4(df[kk], v_at(1) + off);
+  }
+
+  float acc[D / 8][4] = {};  // dQ, columns 8j.. of rows gr, gr + 8
+  int64_t next = n > 1 ? tile_at(1) : 0;
+  for (int i = 0; i < n; ++i) {
+    const int st = i & 1;
+    __syncthreads();  // every warp is done with stage st ^ 1 (tile i - 1, or Q and dO)
+    if (i + 1 < n) fetch(next, st ^ 1);
+    cp_async_commit();  // empty on the last tile, which keeps the count below right
+    if (i + 2 < n) next = tile_at(i + 2);
+    cp_async_wait<1>();
+    __syncthreads();
+    const T* ks = k_at(st);
+    const T* vs = v_at(st);
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int col = lane + 32 * half;  // the key
-          const float p = exp2f(ss[rr * S::kS + col] * sl2 - lrow);
-          dss[rr * S::kP + col] = from_float<T>(p * (dps[rr * S::kS + col] - drow));
+    for (int np = 0; np < kT / 16; ++np) {  // keys 16np..+15
+      float s[2][4] = {}, dp[2][4] = {};    // S = Q K^T, dP = dO V^T
+      const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t b[4];
+        ldmatrix_x4(b, ks + boff + kk * 16);
+        mma16816<T>(s[0], qf[kk], b[0], b[1]);
+        mma16816<T>(s[1], qf[kk], b[2], b[3]);
+        ldmatrix_x4(b, vs + boff + kk * 16);
+        mma16816<T>(dp[0], df[kk], b[0], b[1]);
+        mma16816<T>(dp[1], df[kk], b[2], b[3]);
+      }
+      // s[j][2h + x] is row gr + 8h, key 16np + 8j + 2gc + x.
+      uint32_t a[4];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = exp2f(s[j][2 * h] * sl2 - lr[h]);
+          const float p1 = exp2f(s[j][2 * h + 1] * sl2 - lr[h]);
+          a[2 * j + h] = pack2<T>(p0 * (dp[j][2 * h] - dr[h]), p1 * (dp[j][2 * h + 1] - dr[h]));
         }
       }
-      __syncwarp();
-      mma_ab<T, kT, D>(dqf, dss + r0 * S::kP, S::kP, ks, S::kTile);  // dQ += dS K
+      // dQ += dS K: K's B fragment via .trans (the forward's V).
+#pragma unroll
+      for (int dd = 0; dd < D / 16; ++dd) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, ks + (np * 16 + (lane & 15)) * kLd + dd * 16 + (lane >> 4) * 8);
+        mma16816<T>(acc[2 * dd], a, b[0], b[1]);
+        mma16816<T>(acc[2 * dd + 1], a, b[2], b[3]);
+      }
     }
   }
-  write_rows<T, D>(dq + base + (t * kT + r0) * D, dqf, scale, ss + r0 * S::kS);
+
+  cp_async_wait<0>();
+  __syncthreads();  // every warp is done with both stages
+  write_rows<T, D>(dq + base + (t * kT + r0) * D, acc, scale, k_at(0) + r0 * kLd);
 #endif
 }
 
