@@ -11,9 +11,10 @@ per parameter (fp32 master and two moments) while nothing else runs.
   gradients complete. When one fills, its state starts to be read (async). When the next one
   fills, the earlier one, read by then, steps and starts to be written (async), and the new
   one's read starts. At most three sub-groups are in memory, as with pipelined swapping.
-- engine.step() steps what is left: the sub-group being read, the one still filling,
-  parameters with no gradient, and tied parameters, which get a gradient per use
-  ([Note: per-use aliases of tied parameters]). It then reports the gradient norm as always.
+- engine.step() steps what is left: the sub-group being read, then the one still filling
+  together with the tied parameters, which get a gradient per use ([Note: per-use aliases
+  of tied parameters]), read while the first steps; then any parameter with no gradient.
+  It reports the gradient norm as always.
 - Exact, not approximate: Adam(W) updates each element from its own gradient and state, and
   the step's learning rate is set before the backward. So the config refuses the key with
   gradient clipping, which needs the global norm before any update, and with overflow checks
@@ -60,7 +61,9 @@ class BackwardSteps:
             self._advance(grad_of, self._filling)
             self._filling, self._filling_numel = [], 0
 
-    def _advance(self, grad_of: Callable[[int], torch.Tensor], nxt: list[int]) -> None:
+    def _advance(
+        self, grad_of: Callable[[int], torch.Tensor], nxt: list[int], in_backward: bool = True
+    ) -> None:
         """The sub-group being read steps and starts its write; `nxt` starts its read."""
         swap, sw = self.swap, self.swap.swapper
         if self._reading:
@@ -71,18 +74,22 @@ class BackwardSteps:
             swap.swap_out_group(self._reading)
             self._writing = self._reading
             self.done.update(self._reading)
-            swap.stats["stepped_in_backward"] += 1
+            swap.stats["stepped_in_backward"] += in_backward
         self._reading = list(nxt)
         if nxt:
             swap.read_group(nxt, background=True)
 
     def finish(self, grad_of: Callable[[int], torch.Tensor]) -> frozenset[int]:
-        """engine.step(): the sub-group being read steps, every write completes; returns the
-        masters stepped since begin(). The filling sub-group is left to the caller."""
-        self._advance(grad_of, [])
+        """engine.step(): steps the rest with the same overlap -- the sub-group being read,
+        then the one still filling together with the tied masters, read while the first
+        steps and is written -- and completes every write. Returns the masters stepped since
+        begin(); any other (no gradient this step) is the caller's."""
+        rest = self._filling + sorted(self.late)
+        self._filling, self._filling_numel = [], 0
+        self._advance(grad_of, rest, in_backward=False)
+        self._advance(grad_of, [], in_backward=False)
         self.swap.swapper.wait_writes()
         self.swap.drop_group(self._writing)
         self._writing = []
-        self._filling, self._filling_numel = [], 0
         self.open = False
         return frozenset(self.done)
