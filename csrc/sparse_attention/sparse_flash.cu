@@ -127,6 +127,33 @@ __device__ __forceinline__ void cp_tile(T* dst, const T* src) {
   }
 }
 
+// Key tile i of a query tile's layout row (row_ptr entry e0 on), in row_ptr order: tile i % sub
+// of the row's (i / sub)-th layout block, as an element offset in k and v.
+template <int D>
+__device__ __forceinline__ int64_t row_tile(const BlockLut& L, int32_t e0, int sub, int64_t base,
+                                            int i) {
+  const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e0 + i / sub]) + 2];
+  return base + (c * sub + i % sub) * kT * D;
+}
+
+// The top of every kernel's walk over its n tiles, before tile i: once every warp is done with
+// the other stage (tile i - 1's), tile i + 1 starts into it, and tile i is waited for. The
+// commit is made even when nothing was fetched, so that wait_group 1 always means tile i.
+// `next` holds tile i + 1's offset, looked up a tile ahead so those loads overlap the math.
+// Returns tile i's stage.
+template <typename Fetch, typename At>
+__device__ __forceinline__ int advance_stage(int i, int n, int64_t& next, Fetch&& fetch,
+                                             At&& tile_at) {
+  const int st = i & 1;
+  __syncthreads();
+  if (i + 1 < n) fetch(next, st ^ 1);
+  cp_async_commit();
+  if (i + 2 < n) next = tile_at(i + 2);
+  cp_async_wait<1>();
+  __syncthreads();
+  return st;
+}
+
 // Four 8x8 matrices (see the layouts above); `p` is this lane's row address.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -159,6 +186,32 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
   }
 }
 
+// c0, c1 += a times the 16 columns of B that one ldmatrix x4 brings from this lane's address
+// p: columns 0-7 into c0, 8-15 into c1. Trans when B is stored k-major (rows are k).
+template <typename T, bool Trans>
+__device__ __forceinline__ void mma_16cols(float (&c0)[4], float (&c1)[4], const uint32_t (&a)[4],
+                                           const T* p) {
+  uint32_t b[4];
+  if constexpr (Trans) {
+    ldmatrix_x4_trans(b, p);
+  } else {
+    ldmatrix_x4(b, p);
+  }
+  mma16816<T>(c0, a, b[0], b[1]);
+  mma16816<T>(c1, a, b[2], b[3]);
+}
+
+// acc (16 x D) += a (16 x 16) times the 16 x D block of a k-major B whose rows start at this
+// lane's address p (row 16kk + l % 16, column 8 (l / 16) of it).
+template <typename T, int D>
+__device__ __forceinline__ void mma_k16xd(float (&acc)[D / 8][4], const uint32_t (&a)[4],
+                                          const T* p) {
+#pragma unroll
+  for (int dd = 0; dd < D / 16; ++dd) {
+    mma_16cols<T, true>(acc[2 * dd], acc[2 * dd + 1], a, p + dd * 16);
+  }
+}
+
 // Two floats rounded to T in one b32, `lo` in the low half (the lower column of a fragment).
 template <typename T>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
@@ -182,6 +235,31 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// The warp's 16 rows of an fp32 result held as C fragments (acc[j]: columns 8j.., rows gr and
+// gr + 8h, times mul[h]), to global rows out[0..15] of D, through the same rows (`os`, row 0 of
+// the warp's) of a shared tile, so that global stores are 16 bytes.
+template <typename T, int D>
+__device__ __forceinline__ void write_rows(T* out, const float (&acc)[D / 8][4],
+                                           const float (&mul)[2], T* os) {
+  constexpr int kLd = Ld<T, D>::kTile, kVec = 16 / sizeof(T), kPerRow = D / kVec;
+  const int lane = threadIdx.x % 32, gr = lane / 4, gc = lane % 4;
+#pragma unroll
+  for (int j = 0; j < D / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      *reinterpret_cast<uint32_t*>(os + (gr + 8 * h) * kLd + 8 * j + 2 * gc) =
+          pack2<T>(acc[j][2 * h] * mul[h], acc[j][2 * h + 1] * mul[h]);
+    }
+  }
+  __syncwarp();
+#pragma unroll
+  for (int i = 0; i < 16 * kPerRow / 32; ++i) {
+    const int e = lane + 32 * i, r = e / kPerRow, c = (e % kPerRow) * kVec;
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * D + c) =
+        *reinterpret_cast<const uint4*>(os + r * kLd + c);
+  }
 }
 
 // The forward, FlashAttention-2 style: each warp keeps its 16 query rows of Q (A fragments),
@@ -210,12 +288,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
   const float sl2 = scale * kLog2e;
   const int32_t e0 = L.row_ptr[key];
   const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
-  // Key tile i of the row is tile i % sub of its (i / sub)-th layout block, in row_ptr order;
-  // tile_at gives its element offset in k and v.
-  auto tile_at = [&](int i) {
-    const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e0 + i / g.sub]) + 2];
-    return base + (c * g.sub + i % g.sub) * kT * D;
-  };
+  auto tile_at = [&](int i) { return row_tile<D>(L, e0, g.sub, base, i); };
   auto fetch = [&](int64_t off, int stage) {
     cp_tile<T, D>(k_at(stage), k + off);
     cp_tile<T, D>(v_at(stage), v + off);
@@ -240,13 +313,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
   float l[2] = {0.f, 0.f};                // this lane's share of their running sums
   int64_t next = n > 1 ? tile_at(1) : 0;  // looked up a tile ahead: its loads overlap the math
   for (int i = 0; i < n; ++i) {
-    const int st = i & 1;
-    __syncthreads();  // every warp is done with stage st ^ 1 (tile i - 1, or Q)
-    if (i + 1 < n) fetch(next, st ^ 1);
-    cp_async_commit();  // empty on the last tile, which keeps the count below right
-    if (i + 2 < n) next = tile_at(i + 2);
-    cp_async_wait<1>();  // this thread's part of tile i has landed...
-    __syncthreads();     // ...and every thread's
+    const int st = advance_stage(i, n, next, fetch, tile_at);  // stage 1 held Q at i = 0
     const T* ks = k_at(st);
     const T* vs = v_at(st);
 
@@ -258,11 +325,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
       for (int np = 0; np < kT / 16; ++np) {
-        uint32_t b[4];
-        ldmatrix_x4(b, ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + kk * 16 +
-                           ((lane >> 3) & 1) * 8);
-        mma16816<T>(s[2 * np], qf[kk], b[0], b[1]);
-        mma16816<T>(s[2 * np + 1], qf[kk], b[2], b[3]);
+        mma_16cols<T, false>(
+            s[2 * np], s[2 * np + 1], qf[kk],
+            ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + kk * 16 + ((lane >> 3) & 1) * 8);
       }
     }
 
@@ -310,42 +375,20 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
                              pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                              pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int dp = 0; dp < D / 16; ++dp) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, vs + (kk * 16 + (lane & 15)) * kLd + dp * 16 + (lane >> 4) * 8);
-        mma16816<T>(acc[2 * dp], a, b[0], b[1]);
-        mma16816<T>(acc[2 * dp + 1], a, b[2], b[3]);
-      }
+      mma_k16xd<T, D>(acc, a, vs + (kk * 16 + (lane & 15)) * kLd + (lane >> 4) * 8);
     }
   }
 
-  // O / l through the warp's own rows of stage 0's K, so that global stores are 16 bytes.
+  // O / l, through the warp's own rows of stage 0's K
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with both stages
-  T* const os = k_at(0);
   float inv[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
     inv[h] = l[h] > 0.f ? 1.f / l[h] : 0.f;  // a row with no keys gives zeros
   }
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      *reinterpret_cast<uint32_t*>(os + (r0 + gr + 8 * h) * kLd + 8 * j + 2 * gc) =
-          pack2<T>(acc[j][2 * h] * inv[h], acc[j][2 * h + 1] * inv[h]);
-    }
-  }
-  __syncwarp();
-  constexpr int kVec = 16 / sizeof(T), kPerRow = D / kVec;
-#pragma unroll
-  for (int i = 0; i < 16 * kPerRow / 32; ++i) {
-    const int e = lane + 32 * i, r = r0 + e / kPerRow, c = (e % kPerRow) * kVec;
-    *reinterpret_cast<uint4*>(o + base + (t * kT + r) * D + c) =
-        *reinterpret_cast<const uint4*>(os + r * kLd + c);
-  }
+  write_rows<T, D>(o + base + (t * kT + r0) * D, acc, inv, k_at(0) + r0 * kLd);
   if (gc == 0) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -366,30 +409,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int d = lane; d < D; d += 32) s += to_float(o[row * D + d]) * to_float(dout[row * D + d]);
   s = warp_sum(s);
   if (lane == 0) dvec[row] = s;
-}
-
-// The warp's 16 rows of an fp32 result held as C fragments (acc[j]: columns 8j.., rows gr and
-// gr + 8), times mul, to global rows out[0..15] of D, through the same rows (`os`, row 0 of the
-// warp's) of a shared tile, so that global stores are 16 bytes.
-template <typename T, int D>
-__device__ __forceinline__ void write_rows(T* out, const float (&acc)[D / 8][4], float mul, T* os) {
-  constexpr int kLd = Ld<T, D>::kTile, kVec = 16 / sizeof(T), kPerRow = D / kVec;
-  const int lane = threadIdx.x % 32, gr = lane / 4, gc = lane % 4;
-#pragma unroll
-  for (int j = 0; j < D / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      *reinterpret_cast<uint32_t*>(os + (gr + 8 * h) * kLd + 8 * j + 2 * gc) =
-          pack2<T>(acc[j][2 * h] * mul, acc[j][2 * h + 1] * mul);
-    }
-  }
-  __syncwarp();
-#pragma unroll
-  for (int i = 0; i < 16 * kPerRow / 32; ++i) {
-    const int e = lane + 32 * i, r = e / kPerRow, c = (e % kPerRow) * kVec;
-    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(r) * D + c) =
-        *reinterpret_cast<const uint4*>(os + r * kLd + c);
-  }
 }
 
 // dK and dV of one key tile, the mirror of the forward: each warp keeps its 16 keys of K and V
@@ -456,13 +475,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};  // columns 8j.. of keys r0 + gr, r0 + gr + 8
   int64_t next = n > 1 ? tile_at(1) : 0;
   for (int i = 0; i < n; ++i) {
-    const int st = i & 1;
-    __syncthreads();  // every warp is done with stage st ^ 1 (tile i - 1, or K and V)
-    if (i + 1 < n) fetch(next, st ^ 1);
-    cp_async_commit();  // empty on the last tile, which keeps the count below right
-    if (i + 2 < n) next = tile_at(i + 2);
-    cp_async_wait<1>();
-    __syncthreads();
+    const int st = advance_stage(i, n, next, fetch, tile_at);  // stage 1 held K and V at i = 0
     const T* qs = q_at(st);
     const T* dos = do_at(st);
     const float* ls = rows_at(st);
@@ -475,15 +488,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
       const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t b[4];
-        ldmatrix_x4(b, qs + boff + kk * 16);
-        mma16816<T>(s[0], kf[kk], b[0], b[1]);
-        mma16816<T>(s[1], kf[kk], b[2], b[3]);
+        mma_16cols<T, false>(s[0], s[1], kf[kk], qs + boff + kk * 16);
         if constexpr (!kVRegs) ldmatrix_x4(vf[0], vs + aoff + kk * 16);
-        const uint32_t (&va)[4] = vf[kVRegs ? kk : 0];
-        ldmatrix_x4(b, dos + boff + kk * 16);
-        mma16816<T>(dp[0], va, b[0], b[1]);
-        mma16816<T>(dp[1], va, b[2], b[3]);
+        mma_16cols<T, false>(dp[0], dp[1], vf[kVRegs ? kk : 0], dos + boff + kk * 16);
       }
       // s[j][2h + x] is key gr + 8h, query 16np + 8j + 2gc + x; P^T and dS^T go straight
       // into A fragments, as the forward's P.
@@ -503,24 +510,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
       }
       // dV += P^T dO and dK += dS^T Q: B fragments via .trans (the forward's V).
       const int toff = (np * 16 + (lane & 15)) * kLd + (lane >> 4) * 8;
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, dos + toff + dd * 16);
-        mma16816<T>(dva[2 * dd], pa, b[0], b[1]);
-        mma16816<T>(dva[2 * dd + 1], pa, b[2], b[3]);
-        ldmatrix_x4_trans(b, qs + toff + dd * 16);
-        mma16816<T>(dka[2 * dd], da, b[0], b[1]);
-        mma16816<T>(dka[2 * dd + 1], da, b[2], b[3]);
-      }
+      mma_k16xd<T, D>(dva, pa, dos + toff);
+      mma_k16xd<T, D>(dka, da, qs + toff);
     }
   }
 
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with both stages
   const int64_t out = base + (t * kT + r0) * D;
-  write_rows<T, D>(dk + out, dka, scale, q_at(0) + r0 * kLd);
-  write_rows<T, D>(dv + out, dva, 1.f, do_at(0) + r0 * kLd);
+  const float by_scale[2] = {scale, scale}, by_one[2] = {1.f, 1.f};
+  write_rows<T, D>(dk + out, dka, by_scale, q_at(0) + r0 * kLd);
+  write_rows<T, D>(dv + out, dva, by_one, do_at(0) + r0 * kLd);
 #endif
 }
 
@@ -547,10 +547,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
   const float sl2 = scale * kLog2e;
   const int32_t e0 = L.row_ptr[key];
   const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
-  auto tile_at = [&](int i) {                       // as the forward's
-    const int64_t c = L.blocks[3 * static_cast<int64_t>(L.row_idx[e0 + i / g.sub]) + 2];
-    return base + (c * g.sub + i % g.sub) * kT * D;
-  };
+  auto tile_at = [&](int i) { return row_tile<D>(L, e0, g.sub, base, i); };
   auto fetch = [&](int64_t off, int stage) {
     cp_tile<T, D>(k_at(stage), k + off);
     cp_tile<T, D>(v_at(stage), v + off);
@@ -580,13 +577,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
   float acc[D / 8][4] = {};  // dQ, columns 8j.. of rows gr, gr + 8
   int64_t next = n > 1 ? tile_at(1) : 0;
   for (int i = 0; i < n; ++i) {
-    const int st = i & 1;
-    __syncthreads();  // every warp is done with stage st ^ 1 (tile i - 1, or Q and dO)
-    if (i + 1 < n) fetch(next, st ^ 1);
-    cp_async_commit();  // empty on the last tile, which keeps the count below right
-    if (i + 2 < n) next = tile_at(i + 2);
-    cp_async_wait<1>();
-    __syncthreads();
+    const int st = advance_stage(i, n, next, fetch, tile_at);  // stage 1 held Q and dO at i = 0
     const T* ks = k_at(st);
     const T* vs = v_at(st);
 #pragma unroll
@@ -595,13 +586,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
       const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        uint32_t b[4];
-        ldmatrix_x4(b, ks + boff + kk * 16);
-        mma16816<T>(s[0], qf[kk], b[0], b[1]);
-        mma16816<T>(s[1], qf[kk], b[2], b[3]);
-        ldmatrix_x4(b, vs + boff + kk * 16);
-        mma16816<T>(dp[0], df[kk], b[0], b[1]);
-        mma16816<T>(dp[1], df[kk], b[2], b[3]);
+        mma_16cols<T, false>(s[0], s[1], qf[kk], ks + boff + kk * 16);
+        mma_16cols<T, false>(dp[0], dp[1], df[kk], vs + boff + kk * 16);
       }
       // s[j][2h + x] is row gr + 8h, key 16np + 8j + 2gc + x.
       uint32_t a[4];
@@ -615,19 +601,14 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
         }
       }
       // dQ += dS K: K's B fragment via .trans (the forward's V).
-#pragma unroll
-      for (int dd = 0; dd < D / 16; ++dd) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, ks + (np * 16 + (lane & 15)) * kLd + dd * 16 + (lane >> 4) * 8);
-        mma16816<T>(acc[2 * dd], a, b[0], b[1]);
-        mma16816<T>(acc[2 * dd + 1], a, b[2], b[3]);
-      }
+      mma_k16xd<T, D>(acc, a, ks + (np * 16 + (lane & 15)) * kLd + (lane >> 4) * 8);
     }
   }
 
   cp_async_wait<0>();
   __syncthreads();  // every warp is done with both stages
-  write_rows<T, D>(dq + base + (t * kT + r0) * D, acc, scale, k_at(0) + r0 * kLd);
+  const float by_scale[2] = {scale, scale};
+  write_rows<T, D>(dq + base + (t * kT + r0) * D, acc, by_scale, k_at(0) + r0 * kLd);
 #endif
 }
 
