@@ -21,7 +21,7 @@ per parameter (fp32 master and two moments) while nothing else runs.
   (fp16, bf16.check_grad_overflow), which may skip a step after the fact.
 - A backward made with loss.backward() instead of engine.backward() steps nothing early (the
   engine does not know it is at a boundary); engine.step() then steps it all, as without
-  the key.
+  the key, and a warning says so once.
 """
 
 from __future__ import annotations

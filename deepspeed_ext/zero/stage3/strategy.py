@@ -92,6 +92,8 @@ class Stage3Strategy:
         mark_config_leaves(module, options.leaf_module)  # before the hooks go in
         self.hooks = ModuleHooks(module, options, self.dp, self.begin_pass, self._on_grad)
         self._in_backward = False
+        self._engine_backward = False  # this backward came through engine.backward()
+        self._plain_noted = False
         # persistence is fixed at partitioning: these stay gathered and are refreshed
         params: list[Any] = list(module.parameters())
         self.persistent = [p for p in params if p.ds_persist]
@@ -343,6 +345,7 @@ class Stage3Strategy:
                 "no_sync() cannot be used with ZeRO stage 3: gradients are reduce-scattered "
                 "every micro-step so that no rank keeps a full copy; use stage 0 or 1"
             )
+        self._engine_backward = True
         steps = self.backward_steps
         if steps is None:
             return
@@ -354,6 +357,17 @@ class Stage3Strategy:
         if boundary:
             steps.begin()
             self.reducer.on_reduced = self._reduced
+
+    def _note_plain_backward(self) -> None:
+        """The key has no effect on a backward the engine did not start: said once."""
+        if not self._plain_noted:
+            self._plain_noted = True
+            logger.warning(
+                "zero_optimization.offload_optimizer.step_in_backward: a backward ran through "
+                "loss.backward() instead of engine.backward(loss), so the engine cannot tell an "
+                "accumulation boundary: its optimizer steps run in engine.step(), as without "
+                "the key"
+            )
 
     def _reduced(self, params: list[Any]) -> None:
         idx = [self._index[id(p)] for p in params]
@@ -370,6 +384,9 @@ class Stage3Strategy:
         self._in_backward = False
         self.reducer.flush()
         self.reducer.on_reduced = None
+        if self.backward_steps is not None and not self._engine_backward:
+            self._note_plain_backward()
+        self._engine_backward = False
         self.hooks.end_backward()
         release_params(self.module.parameters())
 

@@ -155,6 +155,30 @@ def test_nvme_optimizer_steps_in_backward_match_stage0(tmp_path):
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
 
 
+def _plain_backward_steps_in_backward(path: str) -> dict:
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logging.getLogger("deepspeed_ext").addHandler(handler)
+    opt = {"device": "nvme", "nvme_path": path, "step_in_backward": True}
+    zero = z3(offload_optimizer=opt, sub_group_size=200)
+    out = train(3, 4, 2, {**NO_CLIP, **zero}, plain_backward=True)
+    out["notes"] = [r.getMessage() for r in records if "step_in_backward" in r.getMessage()]
+    return out
+
+
+def test_plain_backward_with_steps_in_backward_says_so_once(tmp_path):
+    """loss.backward() does not tell the engine where the accumulation boundary is: nothing
+    steps early, training is as without the key, and a warning says so once."""
+    ref = stage0(2, 4, 2, NO_CLIP)
+    got = run_ranks(_plain_backward_steps_in_backward, 2, str(tmp_path))
+    _assert_same(got, ref, atol=2e-6, rtol=1e-5)
+    assert got[0]["swapped"]["stepped_in_backward"] == 0, got[0]["swapped"]
+    assert len(got[0]["notes"]) == 1 and "loss.backward()" in got[0]["notes"][0], got[0]["notes"]
+
+
 def test_steps_in_backward_leave_tied_weights_to_the_step(tmp_path):
     """The GPT's tied embedding gets a gradient per use: it steps in engine.step(), the
     blocks' masters in the backward. Each element's update is the one the whole step after
