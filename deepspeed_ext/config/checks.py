@@ -52,20 +52,19 @@ def _offload(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     if opt is not None and opt.ratio < 1.0 and zero.stage != 3:
         out.append("zero_optimization.offload_optimizer.ratio < 1 (partial offload) needs stage 3")
     if opt is not None and opt.step_in_backward:
-        out += _step_in_backward(cfg, autos)
+        out += _step_in_backward(cfg, opt.device, autos)
     return out
 
 
-def _step_in_backward(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+def _step_in_backward(cfg: DeepSpeedConfig, device: str, autos: set[str]) -> list[str]:
     """[Note: optimizer steps in backward]: updates made before engine.step() must be the
     ones it would make."""
     key = "zero_optimization.offload_optimizer.step_in_backward"
-    opt = cfg.zero_optimization.offload_optimizer
     clip = "gradient_clipping" not in autos and bool(cfg.gradient_clipping)
     bf16_check = cfg.bf16.enabled and cfg.bf16.check_grad_overflow
     clashes = {  # what clashes: why, and the fix
-        f'offload_optimizer.device "{opt.device if opt else None}"': (
-            opt is not None and opt.device != "nvme",
+        f'offload_optimizer.device "{device}"': (
+            device != "nvme",
             'it overlaps NVMe reads and writes; set offload_optimizer.device "nvme"',
         ),
         f"gradient_clipping {cfg.gradient_clipping}": (

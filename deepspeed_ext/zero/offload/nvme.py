@@ -93,7 +93,7 @@ class _Entry:
 class _Files:
     """What cleanup needs, without the swapper (so the exit-time finalizer keeps no cycle)."""
 
-    def __init__(self, root: str, handles: tuple[AioHandle, ...]) -> None:
+    def __init__(self, root: str, handles: list[AioHandle]) -> None:
         self.root = root
         self.handles = handles
 
@@ -133,17 +133,18 @@ class NVMeSwapper:
         # ([Note: pipelined optimizer swap]). Background reads (optimizer state read during
         # the backward: [Note: optimizer steps in backward]) have a third, so that waiting
         # for a parameter shard does not wait for them too.
-        self._handle = aio_handle(**_aio_kwargs(aio))
-        self._whandle = aio_handle(**_aio_kwargs(aio))
-        self._bhandle = aio_handle(**_aio_kwargs(aio))
+        # The third is made at the first background read: most swappers never make one.
+        self._aio = _aio_kwargs(aio)
+        self._handle = aio_handle(**self._aio)
+        self._whandle = aio_handle(**self._aio)
+        self._handles = [self._handle, self._whandle]  # cleanup waits for each
         self._reads = _Reads(self._handle)
-        self._bg = _Reads(self._bhandle)
+        self._bg: _Reads | None = None
         self._entries: dict[str, _Entry] = {}
         self._writing: set[str] = set()  # keys with a write not yet waited for
         self._staged: list[torch.Tensor] = []  # staging buffers of in-flight writes
         self._pool: list[torch.Tensor] = []  # free page-aligned uint8 staging buffers
-        handles = (self._handle, self._whandle, self._bhandle)
-        self._cleanup = weakref.finalize(self, _Files(self._dir, handles).remove)
+        self._cleanup = weakref.finalize(self, _Files(self._dir, self._handles).remove)
 
     @property
     def directory(self) -> str:
@@ -189,7 +190,7 @@ class NVMeSwapper:
         if key in self._writing:  # the file must hold what is being written first
             self.wait_writes()
         self._finish_reads_of(key)
-        lane = self._bg if background else self._reads
+        lane = self._background() if background else self._reads
         dst = out.detach()
         if dst.device.type != "cpu" or not dst.is_contiguous():
             buf = self._take(entry.nbytes)
@@ -213,13 +214,20 @@ class NVMeSwapper:
         issued with swap_in(background=background)."""
         self._wait_reads(self._bg if background else self._reads)
 
+    def _background(self) -> _Reads:
+        if self._bg is None:
+            handle = aio_handle(**self._aio)
+            self._handles.append(handle)
+            self._bg = _Reads(handle)
+        return self._bg
+
     def _finish_reads_of(self, key: str) -> None:
         for lane in (self._reads, self._bg):
-            if key in lane.keys:
+            if lane is not None and key in lane.keys:
                 self._wait_reads(lane)
 
-    def _wait_reads(self, lane: _Reads) -> None:
-        if not lane.keys:
+    def _wait_reads(self, lane: _Reads | None) -> None:
+        if lane is None or not lane.keys:
             return
         copy_back, lane.copy_back = lane.copy_back, []
         lane.keys.clear()

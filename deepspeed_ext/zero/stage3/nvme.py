@@ -284,7 +284,7 @@ class OptimizerSwap:
             self._swap_in(i, self.params[i].ds_shard_numel, background)
 
     @torch.no_grad()
-    def step_only(self, sub: list[int], grad_of: Callable[[int], torch.Tensor]) -> None:
+    def _step_only(self, sub: list[int], grad_of: Callable[[int], torch.Tensor]) -> None:
         """optimizer.step() on the masters of `sub` alone (in memory), master i getting
         grad_of(i) (a master's grad must match its size, so it is attached once swapped in);
         their new values go to the shards. The caller swaps them out."""
@@ -304,9 +304,17 @@ class OptimizerSwap:
             self.masters[i].grad = None
             self._store_shard(i)
 
-    def swap_out_group(self, sub: list[int]) -> None:
+    def step_and_write(
+        self, sub: list[int], written: list[int], grad_of: Callable[[int], torch.Tensor]
+    ) -> list[int]:
+        """Steps `sub` (in memory), then completes the writes of `written` (which overlapped
+        the step) and frees them, and starts writing `sub`: returns what is being written."""
+        self._step_only(sub, grad_of)
+        self.swapper.wait_writes()
+        self.drop_group(written)
         for i in sub:
             self._swap_out(i)
+        return list(sub)
 
     def drop_group(self, sub: list[int]) -> None:
         for i in sub:
@@ -316,7 +324,7 @@ class OptimizerSwap:
     def step(
         self, grad_of: Callable[[int], torch.Tensor], skip: frozenset[int] = frozenset()
     ) -> None:
-        """Every master not in `skip` steps, one sub-group at a time (step_only); reads and
+        """Every master not in `skip` steps, one sub-group at a time (step_and_write); reads and
         writes overlap the steps as configured ([Note: pipelined optimizer swap])."""
         sw = self.swapper
         subs = list(self._sub_groups(skip))
@@ -328,14 +336,9 @@ class OptimizerSwap:
             if self.pipeline_read and k + 1 < len(subs):
                 self.read_group(subs[k + 1])  # overlaps this step
                 self.stats["overlapped_reads"] += 1
-            self.step_only(sub, grad_of)
-            if self.pipeline_write:  # the previous sub-group's write overlapped the step
+            if self.pipeline_write:  # the previous sub-group's write overlaps this step
                 self.stats["overlapped_writes"] += bool(written)
-                sw.wait_writes()
-                self.drop_group(written)
-                written = []
-            self.swap_out_group(sub)
-            written += sub
+            written = self.step_and_write(sub, written, grad_of)
             if not self.pipeline_write:
                 sw.wait_writes()
                 self.drop_group(written)

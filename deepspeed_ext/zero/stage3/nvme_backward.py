@@ -65,14 +65,10 @@ class BackwardSteps:
         self, grad_of: Callable[[int], torch.Tensor], nxt: list[int], in_backward: bool = True
     ) -> None:
         """The sub-group being read steps and starts its write; `nxt` starts its read."""
-        swap, sw = self.swap, self.swap.swapper
+        swap = self.swap
         if self._reading:
-            sw.wait_reads(background=True)
-            swap.step_only(self._reading, grad_of)
-            sw.wait_writes()  # the sub-group before it is on disk: its memory goes
-            swap.drop_group(self._writing)
-            swap.swap_out_group(self._reading)
-            self._writing = self._reading
+            swap.swapper.wait_reads(background=True)
+            self._writing = swap.step_and_write(self._reading, self._writing, grad_of)
             self.done.update(self._reading)
             swap.stats["stepped_in_backward"] += in_backward
         self._reading = list(nxt)

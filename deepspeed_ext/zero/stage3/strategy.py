@@ -36,6 +36,7 @@ from .param import (
     write_shard,
 )
 from .reduce import Stage3Reducer
+from .tied import shared_param_ids
 
 
 class Stage3Options:
@@ -243,11 +244,8 @@ class Stage3Strategy:
                 f"would step before it ends: set sub_group_size to about {max(1, total // 8)} "
                 "(an eighth of them) or remove step_in_backward"
             )
-        owners: dict[int, int] = {}
-        for m in self.module.modules():
-            for p in {id(p): p for p in m._parameters.values() if p is not None}.values():
-                owners[id(p)] = owners.get(id(p), 0) + 1
-        late = {i for i, p in enumerate(self.trainable) if owners.get(id(p), 0) > 1}
+        shared = shared_param_ids(list(self.module.modules()))
+        late = {i for i, p in enumerate(self.trainable) if id(p) in shared}
         self._index = {id(p): i for i, p in enumerate(self.trainable)}
         self.backward_steps = BackwardSteps(self.optimizer_swap, late)
 

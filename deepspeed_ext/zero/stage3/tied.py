@@ -25,19 +25,25 @@ import torch
 from .param import is_zero_param
 
 
-def tied_names(modules: list[torch.nn.Module]) -> dict[int, list[str]]:
-    """id(module) -> names of its own trainable partitioned parameters that another of
-    `modules` also owns."""
+def shared_param_ids(modules: list[torch.nn.Module]) -> set[int]:
+    """ids of the parameters that more than one of `modules` owns directly."""
     owners: Counter[int] = Counter()
     for m in modules:
         for p in {id(p): p for p in m._parameters.values() if p is not None}.values():
             owners[id(p)] += 1
+    return {i for i, n in owners.items() if n > 1}
+
+
+def tied_names(modules: list[torch.nn.Module]) -> dict[int, list[str]]:
+    """id(module) -> names of its own trainable partitioned parameters that another of
+    `modules` also owns."""
+    shared = shared_param_ids(modules)
     out: dict[int, list[str]] = {}
     for m in modules:
         names = [
             n
             for n, p in m._parameters.items()
-            if p is not None and p.requires_grad and is_zero_param(p) and owners[id(p)] > 1
+            if p is not None and p.requires_grad and is_zero_param(p) and id(p) in shared
         ]
         if names:
             out[id(m)] = names
