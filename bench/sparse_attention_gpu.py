@@ -1,14 +1,15 @@
 """Benchmark: block-sparse attention on a CUDA GPU, forward + backward (fused, and the unfused
-block-sparse ops), against
-FlexAttention given the same layout as a block mask, torch SDPA given it as a dense boolean
-mask, and dense SDPA with no mask (flash attention: the cost of ignoring the sparsity).
+block-sparse ops), against FlexAttention given the same layout as a block mask, torch SDPA
+given it as a dense boolean mask, and dense SDPA with no mask (flash attention: the cost of
+ignoring the sparsity).
 
-Workload: batch 1, 16 heads, head_dim 64, bf16, a bidirectional sliding-window layout
-(LocalSlidingWindowSparsityConfig) at about 90% sparsity. Times are CUDA-event medians of
---iters steps after warm-ups (FlexAttention is compiled first, as its documentation says to
-use it); memory is the peak allocated above what the inputs hold. Outputs are checked against
-FlexAttention's before any time is taken. Goal (issue 16): >= 1.5x FlexAttention at 90%
-sparsity, 16k tokens, bf16.
+Workload: batch 1, 16 heads, head_dim 64 (--head-dim), bf16 (--dtype), a bidirectional
+sliding-window layout (LocalSlidingWindowSparsityConfig) at about 90% sparsity, layout blocks
+of 64 and 128 (--blocks; 16 and 32 run fused on 64-token tiles with sub-block masks). Times
+are CUDA-event medians of --iters steps after warm-ups (FlexAttention is compiled first, as
+its documentation says to use it); memory is the peak allocated above what the inputs hold.
+Outputs are checked against FlexAttention's before any time is taken. Goal (issue 16): >= 1.5x
+FlexAttention at 90% sparsity, 16k tokens, bf16.
 
     python bench/sparse_attention_gpu.py --out bench/results/sparse_attention_gpu.json
 """
@@ -28,7 +29,8 @@ from common import busy_warning, machine_info, print_table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-HEADS, DIM = 16, 64
+HEADS = 16
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SMALL_TILES = {
     "BLOCK_M": 64,
     "BLOCK_N": 64,
@@ -105,7 +107,13 @@ def profile_ours(step: Callable[[], None]) -> None:
 
 
 def run_case(
-    seq: int, block: int, sparsity: float, iters: int, profile: bool = False
+    seq: int,
+    block: int,
+    sparsity: float,
+    iters: int,
+    profile: bool = False,
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> dict[str, Any]:
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -126,7 +134,7 @@ def run_case(
     density = float(layout.float().mean())
     torch.manual_seed(0)
     q, k, v = (
-        torch.randn(1, HEADS, seq, DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        torch.randn(1, HEADS, seq, head_dim, device="cuda", dtype=dtype, requires_grad=True)
         for _ in range(3)
     )
     grad = torch.randn_like(q)
@@ -196,6 +204,8 @@ def main() -> int:
     ap.add_argument("--blocks", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--sparsity", type=float, default=0.9)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--head-dim", type=int, default=64, choices=[64, 128])
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--profile", action="store_true", help="our kernels' GPU time per case")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -205,7 +215,15 @@ def main() -> int:
     cases, rows = [], []
     for seq in args.seqs:
         for block in args.blocks:
-            r = run_case(seq, block, args.sparsity, args.iters, args.profile)
+            r = run_case(
+                seq,
+                block,
+                args.sparsity,
+                args.iters,
+                args.profile,
+                args.head_dim,
+                DTYPES[args.dtype],
+            )
             cases.append(r)
 
             def cell(x: dict[str, Any]) -> str:
@@ -221,7 +239,10 @@ def main() -> int:
                 + [f"{r.get('speedup_vs_flex', float('nan')):.2f}x"]
             )
             print(json.dumps(r), flush=True)
-    print(f"batch 1, {HEADS} heads, head_dim {DIM}, bf16, fwd+bwd, median of {args.iters}")
+    print(
+        f"batch 1, {HEADS} heads, head_dim {args.head_dim}, {args.dtype}, fwd+bwd, "
+        f"median of {args.iters}"
+    )
     print_table(
         [
             "seq / block",
@@ -238,7 +259,12 @@ def main() -> int:
     warn = busy_warning()
     payload = {
         "benchmark": "sparse_attention_gpu",
-        "workload": {"batch": 1, "heads": HEADS, "head_dim": DIM, "dtype": "bfloat16"},
+        "workload": {
+            "batch": 1,
+            "heads": HEADS,
+            "head_dim": args.head_dim,
+            "dtype": str(DTYPES[args.dtype]).removeprefix("torch."),
+        },
         "machine": machine_info("cuda"),
         "torch": torch.__version__,
         "cases": cases,

@@ -205,30 +205,68 @@ BlockLut flash_lut(const char* op, const at::Tensor& q, const at::Tensor& lut, i
   return lut_of(op, lut, q, rest / 5, heads, seq, block);
 }
 
+// The optional tile mask (int32, one per block of a table of block 64) and key bias (fp32
+// [batch, seq]) of fused attention ([Note: fused tile masks]), checked against q and the table.
+ds::FlashExtras flash_extras(const char* op, const at::Tensor& q, const BlockLut& L,
+                             const std::optional<at::Tensor>& tile_mask,
+                             const std::optional<at::Tensor>& key_bias) {
+  ds::FlashExtras x{nullptr, nullptr};
+  if (tile_mask) {
+    const at::Tensor& m = *tile_mask;
+    TORCH_CHECK(L.block == 64, op,
+                ": a tile_mask goes with a table of block 64 (a finer layout "
+                "made coarse), got block=",
+                L.block);
+    TORCH_CHECK(m.device() == q.device() && m.scalar_type() == at::kInt && m.dim() == 1 &&
+                    m.numel() == L.nnz && m.is_contiguous(),
+                op, ": tile_mask must be a contiguous 1-D int32 tensor of the table's ", L.nnz,
+                " blocks on ", q.device(), ", got ", m.scalar_type(), " ", m.sizes(), " on ",
+                m.device());
+    x.tile_mask = m.const_data_ptr<int32_t>();
+  }
+  if (key_bias) {
+    const at::Tensor& b = *key_bias;
+    TORCH_CHECK(b.device() == q.device() && b.scalar_type() == at::kFloat && b.dim() == 2 &&
+                    b.size(0) == q.size(0) && b.size(1) == q.size(2) && b.is_contiguous(),
+                op, ": key_bias must be a contiguous float32 [", q.size(0), ", ", q.size(2),
+                "] (batch, seq) on ", q.device(), ", got ", b.scalar_type(), " ", b.sizes(), " on ",
+                b.device());
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(b.const_data_ptr()) % 8 == 0, op,
+                ": key_bias starts at an address that is not a multiple of 8 bytes (a view at an "
+                "odd offset); pass a copy (.clone())");
+    x.key_bias = b.const_data_ptr<float>();
+  }
+  return x;
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_fwd(const at::Tensor& q, const at::Tensor& k,
                                              const at::Tensor& v, const at::Tensor& lut,
-                                             int64_t block, double scale) {
+                                             int64_t block, double scale,
+                                             const std::optional<at::Tensor>& tile_mask,
+                                             const std::optional<at::Tensor>& key_bias) {
   constexpr const char* op = "sparse_attention_cuda.flash_fwd";
   const BlockLut L = flash_lut(op, q, lut, block);
   check_dense16(op, k, "k", q);
   check_dense16(op, v, "v", q);
+  const ds::FlashExtras extras = flash_extras(op, q, L, tile_mask, key_bias);
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor o = at::empty_like(q);
   at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options().dtype(at::kFloat));
-  C10_CUDA_CHECK(ds::bsr_flash_fwd_cuda(
-      dtype_of(q), L, q.const_data_ptr(), k.const_data_ptr(), v.const_data_ptr(), o.data_ptr(),
-      lse.data_ptr<float>(), q.size(0), q.size(3), static_cast<float>(scale), stream_of(q)));
+  C10_CUDA_CHECK(ds::bsr_flash_fwd_cuda(dtype_of(q), L, q.const_data_ptr(), k.const_data_ptr(),
+                                        v.const_data_ptr(), o.data_ptr(), lse.data_ptr<float>(),
+                                        q.size(0), q.size(3), static_cast<float>(scale), extras,
+                                        stream_of(q)));
   return {o, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_bwd(const at::Tensor& q, const at::Tensor& k,
-                                                         const at::Tensor& v, const at::Tensor& o,
-                                                         const at::Tensor& lse,
-                                                         const at::Tensor& dout,
-                                                         const at::Tensor& lut, int64_t block,
-                                                         double scale) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_bwd(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& o,
+    const at::Tensor& lse, const at::Tensor& dout, const at::Tensor& lut, int64_t block,
+    double scale, const std::optional<at::Tensor>& tile_mask,
+    const std::optional<at::Tensor>& key_bias) {
   constexpr const char* op = "sparse_attention_cuda.flash_bwd";
   const BlockLut L = flash_lut(op, q, lut, block);
+  const ds::FlashExtras extras = flash_extras(op, q, L, tile_mask, key_bias);
   check_dense16(op, k, "k", q);
   check_dense16(op, v, "v", q);
   check_dense16(op, o, "o", q);
@@ -246,7 +284,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_bwd(const at::Tensor& q, co
       dtype_of(q), L, q.const_data_ptr(), k.const_data_ptr(), v.const_data_ptr(),
       o.const_data_ptr(), lse.const_data_ptr<float>(), dout.const_data_ptr(),
       dvec.data_ptr<float>(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(), q.size(0), q.size(3),
-      static_cast<float>(scale), stream_of(q)));
+      static_cast<float>(scale), extras, stream_of(q)));
   return {dq, dk, dv};
 }
 
@@ -270,11 +308,12 @@ TORCH_LIBRARY(ds_sparse_attention_cuda, m) {
       "Tensor? attn_mask, Tensor lut, int heads) -> Tensor");
   m.def("softmax_bwd(Tensor y, Tensor dy, float scale, Tensor lut, int heads) -> Tensor");
   m.def(
-      "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale) -> (Tensor, "
-      "Tensor)");
+      "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale, "
+      "Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor)");
   m.def(
       "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
-      "int block, float scale) -> (Tensor, Tensor, Tensor)");
+      "int block, float scale, Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor, "
+      "Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ds_sparse_attention_cuda, CUDA, m) { impl_all(m); }

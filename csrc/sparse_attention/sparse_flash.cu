@@ -22,6 +22,18 @@
 //   and saves each query's log2-sum-exp; the backward recomputes P = exp2(S - lse) from it.
 // - dS = P (dP - rowsum(dO * O)) is rounded to 16 bits before its products, as P is before PV
 //   (as in FlashAttention).
+//
+// [Note: fused tile masks]
+// Layout blocks of 16 and 32 run on the same 64 x 64 tiles: the layout is made coarse (a tile
+// is in the table when any of its blocks is) and each tile carries 16 bits, one per 16 x 16
+// sub-block. A warp's 16 rows are one sub-block row and the kernels step 16 columns at a
+// time, so a cleared bit skips that step's products outright and its scores are -inf (the
+// forward) or its probabilities 0 (the backward): exact, and what is skipped costs nothing
+// but the tile's loads. A key padding mask is a per-key bias added to the scaled scores in
+// all three kernels (the forward's lse includes it, so the backward's P does too). Either
+// lets a row of a tile, or a whole query row, see only -inf: the online softmax then takes 0
+// as its max (no -inf - -inf), and a row with no key left gives zeros, as the unfused
+// softmax does. Kernels without either (kExtra false) are compiled apart and unchanged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -268,10 +280,10 @@ __device__ __forceinline__ void write_rows(T* out, const float (&acc)[D / 8][4],
 // i is computed. A lane holds rows gr and gr + 8 of the warp's 16, columns 2gc, 2gc + 1 of each
 // 8-column slice, so a row's max and sum take two shuffles within its quad. At D = 64 it fits
 // 128 registers without spilling, which lets 4 blocks share an SM instead of 3.
-template <typename T, int D>
+template <typename T, int D, bool kExtra>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
-    flash_fwd_kernel(BlockLut L, const T* q, const T* k, const T* v, T* o, float* lse,
-                     float scale) {
+    flash_fwd_kernel(BlockLut L, const T* q, const T* k, const T* v, T* o, float* lse, float scale,
+                     FlashExtras x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 mma.sync and cp.async need sm_80; the binding refuses older devices
 #else
@@ -316,6 +328,13 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     const int st = advance_stage(i, n, next, fetch, tile_at);  // stage 1 held Q at i = 0
     const T* ks = k_at(st);
     const T* vs = v_at(st);
+    uint32_t bits = 0xFu;       // which of its four 16-key steps the warp's rows attend to
+    const float* kb = nullptr;  // the bias of the tile's keys
+    if constexpr (kExtra) {
+      if (x.tile_mask) bits = (x.tile_mask[L.row_idx[e0 + i / g.sub]] >> (4 * warp)) & 0xFu;
+      if (x.key_bias) kb = x.key_bias + g.bh / L.heads * g.seq + row_tile<1>(L, e0, g.sub, 0, i);
+      if (bits == 0) continue;
+    }
 
     // S = Q K^T: K^T's "col" B fragment is K's rows as stored. Lane l points at key
     // 16np + l % 8 + 8 (l / 16), column 8 ((l / 8) % 2) of the 16-column step, so registers
@@ -325,6 +344,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
       for (int np = 0; np < kT / 16; ++np) {
+        if (kExtra && !((bits >> np) & 1u)) continue;
         mma_16cols<T, false>(
             s[2 * np], s[2 * np + 1], qf[kk],
             ks + (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + kk * 16 + ((lane >> 3) & 1) * 8);
@@ -336,9 +356,16 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 #pragma unroll
     for (int j = 0; j < kT / 8; ++j) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        s[j][x] *= sl2;
-        mx[x / 2] = fmaxf(mx[x / 2], s[j][x]);
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] *= sl2;
+        if constexpr (kExtra) {
+          if (!((bits >> (j / 2)) & 1u)) {
+            s[j][e] = -INFINITY;
+          } else if (kb) {
+            s[j][e] += kb[8 * j + 2 * gc + (e & 1)] * kLog2e;
+          }
+        }
+        mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
       }
     }
     float alpha[2];
@@ -352,15 +379,17 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 #pragma unroll
     for (int j = 0; j < kT / 8; ++j) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        s[j][x] = exp2f(s[j][x] - m[x / 2]);
-        l[x / 2] += s[j][x];
+      for (int e = 0; e < 4; ++e) {
+        // a row that has seen only -inf so far takes 0 as its max (see the note)
+        const float mu = kExtra && m[e / 2] == -INFINITY ? 0.f : m[e / 2];
+        s[j][e] = exp2f(s[j][e] - mu);
+        l[e / 2] += s[j][e];
       }
     }
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) acc[j][x] *= alpha[x / 2];
+      for (int e = 0; e < 4; ++e) acc[j][e] *= alpha[e / 2];
     }
 
     // O += P V. The C fragments of key slices 2kk and 2kk + 1 are, element for element, the A
@@ -371,6 +400,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     // and registers 2, 3 for columns 16dp + 8..+15.
 #pragma unroll
     for (int kk = 0; kk < kT / 16; ++kk) {
+      if (kExtra && !((bits >> kk) & 1u)) continue;  // P is 0 there
       const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
                              pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                              pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
@@ -416,10 +446,11 @@ __global__ void __launch_bounds__(kThreads)
 // layout column. Q, dO and the query tile's lse and dvec come through shared memory in two
 // cp.async stages. Working 16 queries at a time keeps S^T, dP^T, P^T and dS^T to a few
 // registers: P^T and dS^T are A fragments as soon as they are computed.
-template <typename T, int D>
+template <typename T, int D, bool kExtra>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     flash_bwd_kv_kernel(BlockLut L, const T* q, const T* k, const T* v, const T* dout,
-                        const float* lse, const float* dvec, T* dk, T* dv, float scale) {
+                        const float* lse, const float* dvec, T* dk, T* dv, float scale,
+                        FlashExtras x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
@@ -473,6 +504,15 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
   }
 
   float dka[D / 8][4] = {}, dva[D / 8][4] = {};  // columns 8j.. of keys r0 + gr, r0 + gr + 8
+  float kbk[2] = {0.f, 0.f};                     // the bias of those two keys (log2 units)
+  if constexpr (kExtra) {
+    if (x.key_bias) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        kbk[h] = x.key_bias[g.bh / L.heads * g.seq + t * kT + r0 + lane / 4 + 8 * h] * kLog2e;
+      }
+    }
+  }
   int64_t next = n > 1 ? tile_at(1) : 0;
   for (int i = 0; i < n; ++i) {
     const int st = advance_stage(i, n, next, fetch, tile_at);  // stage 1 held K and V at i = 0
@@ -480,8 +520,13 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
     const T* dos = do_at(st);
     const float* ls = rows_at(st);
     const float* ds = ls + kT;
+    uint32_t bits = 0xFFFFu;  // the tile's sub-blocks: bit 4 (query step) + (key step)
+    if constexpr (kExtra) {
+      if (x.tile_mask) bits = x.tile_mask[L.col_idx[e0 + i / g.sub]];
+    }
 #pragma unroll
-    for (int np = 0; np < kT / 16; ++np) {  // queries 16np..+15
+    for (int np = 0; np < kT / 16; ++np) {                        // queries 16np..+15
+      if (kExtra && !((bits >> (4 * np + warp)) & 1u)) continue;  // P^T is 0 there
       // S^T = K Q^T and dP^T = V dO^T: B fragments from Q and dO rows as stored (the
       // forward's K).
       float s[2][4] = {}, dp[2][4] = {};
@@ -502,8 +547,9 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
         const float2 d2 = *reinterpret_cast<const float2*>(ds + c);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(s[j][2 * h] * sl2 - l2.x);
-          const float p1 = exp2f(s[j][2 * h + 1] * sl2 - l2.y);
+          float x0 = s[j][2 * h] * sl2 - l2.x, x1 = s[j][2 * h + 1] * sl2 - l2.y;
+          if constexpr (kExtra) x0 += kbk[h], x1 += kbk[h];
+          const float p0 = exp2f(x0), p1 = exp2f(x1);
           pa[2 * j + h] = pack2<T>(p0, p1);
           da[2 * j + h] = pack2<T>(p0 * (dp[j][2 * h] - d2.x), p1 * (dp[j][2 * h + 1] - d2.y));
         }
@@ -527,10 +573,10 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 3 : 1)
 // dQ of one query tile: each warp keeps its 16 queries of Q and dO (A fragments), their lse
 // and dvec, and dQ (fp32 C fragments) in registers, and walks the query tile's layout row as
 // the forward does, K and V in two cp.async stages. 16 keys at a time, as dK/dV.
-template <typename T, int D>
+template <typename T, int D, bool kExtra>
 __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
     flash_bwd_q_kernel(BlockLut L, const T* q, const T* k, const T* v, const T* dout,
-                       const float* lse, const float* dvec, T* dq, float scale) {
+                       const float* lse, const float* dvec, T* dq, float scale, FlashExtras x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
@@ -543,7 +589,7 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
   const Tiling g(L);
   const int64_t t = blockIdx.x, key = g.h * L.nb + t / g.sub, base = g.bh * g.seq * D;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
-  const int gr = lane / 4;
+  const int gr = lane / 4, gc = lane % 4;
   const float sl2 = scale * kLog2e;
   const int32_t e0 = L.row_ptr[key];
   const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
@@ -580,9 +626,16 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
     const int st = advance_stage(i, n, next, fetch, tile_at);  // stage 1 held Q and dO at i = 0
     const T* ks = k_at(st);
     const T* vs = v_at(st);
+    uint32_t bits = 0xFu;       // as in the forward
+    const float* kb = nullptr;  // the bias of the tile's keys
+    if constexpr (kExtra) {
+      if (x.tile_mask) bits = (x.tile_mask[L.row_idx[e0 + i / g.sub]] >> (4 * warp)) & 0xFu;
+      if (x.key_bias) kb = x.key_bias + g.bh / L.heads * g.seq + row_tile<1>(L, e0, g.sub, 0, i);
+    }
 #pragma unroll
-    for (int np = 0; np < kT / 16; ++np) {  // keys 16np..+15
-      float s[2][4] = {}, dp[2][4] = {};    // S = Q K^T, dP = dO V^T
+    for (int np = 0; np < kT / 16; ++np) {           // keys 16np..+15
+      if (kExtra && !((bits >> np) & 1u)) continue;  // dS is 0 there
+      float s[2][4] = {}, dp[2][4] = {};             // S = Q K^T, dP = dO V^T
       const int boff = (np * 16 + (lane & 7) + (lane >> 4) * 8) * kLd + ((lane >> 3) & 1) * 8;
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
@@ -593,10 +646,15 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
       uint32_t a[4];
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
+        float2 b2 = {0.f, 0.f};  // keys 16np + 8j + 2gc, + 1
+        if constexpr (kExtra) {
+          if (kb) b2 = *reinterpret_cast<const float2*>(kb + 16 * np + 8 * j + 2 * gc);
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = exp2f(s[j][2 * h] * sl2 - lr[h]);
-          const float p1 = exp2f(s[j][2 * h + 1] * sl2 - lr[h]);
+          float x0 = s[j][2 * h] * sl2 - lr[h], x1 = s[j][2 * h + 1] * sl2 - lr[h];
+          if constexpr (kExtra) x0 += b2.x * kLog2e, x1 += b2.y * kLog2e;
+          const float p0 = exp2f(x0), p1 = exp2f(x1);
           a[2 * j + h] = pack2<T>(p0 * (dp[j][2 * h] - dr[h]), p1 * (dp[j][2 * h + 1] - dr[h]));
         }
       }
@@ -612,12 +670,20 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
 #endif
 }
 
-// Calls f(T{}, std::integral_constant<int, D>{}) for a 16-bit dtype and head size 64 or 128.
+// Calls f(T{}, std::integral_constant<int, D>{}, std::bool_constant<kExtra>{}) for a 16-bit
+// dtype, head size 64 or 128, and whether there is a tile mask or key bias.
 template <typename F>
-void dispatch(DType t, int64_t head_dim, F&& f) {
+void dispatch(DType t, int64_t head_dim, const FlashExtras& x, F&& f) {
+  auto by_extra = [&](auto tag, auto dim) {
+    if (x.tile_mask || x.key_bias) {
+      f(tag, dim, std::true_type{});
+    } else {
+      f(tag, dim, std::false_type{});
+    }
+  };
   auto by_dim = [&](auto tag) {
-    if (head_dim == 64) f(tag, std::integral_constant<int, 64>{});
-    if (head_dim == 128) f(tag, std::integral_constant<int, 128>{});
+    if (head_dim == 64) by_extra(tag, std::integral_constant<int, 64>{});
+    if (head_dim == 128) by_extra(tag, std::integral_constant<int, 128>{});
   };
   if (t == DType::kFloat16) by_dim(__half{});
   if (t == DType::kBFloat16) by_dim(__nv_bfloat16{});
@@ -642,18 +708,19 @@ bool bsr_flash_ok(int64_t block, int64_t head_dim) {
 
 cudaError_t bsr_flash_fwd_cuda(DType t, const BlockLut& lut, const void* q, const void* k,
                                const void* v, void* o, float* lse, int64_t batch, int64_t head_dim,
-                               float scale, cudaStream_t stream) {
+                               float scale, const FlashExtras& extras, cudaStream_t stream) {
   if (batch * lut.nb == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;  // stays so for a dtype or size with no kernel
-  dispatch(t, head_dim, [&](auto tag, auto dim) {
+  dispatch(t, head_dim, extras, [&](auto tag, auto dim, auto extra) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
+    constexpr bool E = decltype(extra)::value;
     constexpr size_t bytes = Ld<T, D>::kFwd;
-    err = allow_smem(flash_fwd_kernel<T, D>, bytes);
+    err = allow_smem(flash_fwd_kernel<T, D, E>, bytes);
     if (err != cudaSuccess) return;
-    flash_fwd_kernel<T, D><<<grid_of(lut, batch), kThreads, bytes, stream>>>(
+    flash_fwd_kernel<T, D, E><<<grid_of(lut, batch), kThreads, bytes, stream>>>(
         lut, static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-        static_cast<T*>(o), lse, scale);
+        static_cast<T*>(o), lse, scale, extras);
     err = cudaGetLastError();
   });
   return err;
@@ -662,12 +729,14 @@ cudaError_t bsr_flash_fwd_cuda(DType t, const BlockLut& lut, const void* q, cons
 cudaError_t bsr_flash_bwd_cuda(DType t, const BlockLut& lut, const void* q, const void* k,
                                const void* v, const void* o, const float* lse, const void* dout,
                                float* dvec, void* dq, void* dk, void* dv, int64_t batch,
-                               int64_t head_dim, float scale, cudaStream_t stream) {
+                               int64_t head_dim, float scale, const FlashExtras& extras,
+                               cudaStream_t stream) {
   if (batch * lut.nb == 0) return cudaSuccess;
   cudaError_t err = cudaErrorInvalidValue;
-  dispatch(t, head_dim, [&](auto tag, auto dim) {
+  dispatch(t, head_dim, extras, [&](auto tag, auto dim, auto extra) {
     using T = decltype(tag);
     constexpr int D = decltype(dim)::value;
+    constexpr bool E = decltype(extra)::value;
     const auto* qt = static_cast<const T*>(q);
     const auto* kt = static_cast<const T*>(k);
     const auto* vt = static_cast<const T*>(v);
@@ -678,16 +747,16 @@ cudaError_t bsr_flash_bwd_cuda(DType t, const BlockLut& lut, const void* q, cons
             static_cast<const T*>(o), dot, dvec, rows);
     err = cudaGetLastError();
     if (err != cudaSuccess) return;
-    err = allow_smem(flash_bwd_kv_kernel<T, D>, Ld<T, D>::kBwdKV);
+    err = allow_smem(flash_bwd_kv_kernel<T, D, E>, Ld<T, D>::kBwdKV);
     if (err != cudaSuccess) return;
-    flash_bwd_kv_kernel<T, D><<<grid_of(lut, batch), kThreads, Ld<T, D>::kBwdKV, stream>>>(
-        lut, qt, kt, vt, dot, lse, dvec, static_cast<T*>(dk), static_cast<T*>(dv), scale);
+    flash_bwd_kv_kernel<T, D, E><<<grid_of(lut, batch), kThreads, Ld<T, D>::kBwdKV, stream>>>(
+        lut, qt, kt, vt, dot, lse, dvec, static_cast<T*>(dk), static_cast<T*>(dv), scale, extras);
     err = cudaGetLastError();
     if (err != cudaSuccess) return;
-    err = allow_smem(flash_bwd_q_kernel<T, D>, Ld<T, D>::kBwdQ);
+    err = allow_smem(flash_bwd_q_kernel<T, D, E>, Ld<T, D>::kBwdQ);
     if (err != cudaSuccess) return;
-    flash_bwd_q_kernel<T, D><<<grid_of(lut, batch), kThreads, Ld<T, D>::kBwdQ, stream>>>(
-        lut, qt, kt, vt, dot, lse, dvec, static_cast<T*>(dq), scale);
+    flash_bwd_q_kernel<T, D, E><<<grid_of(lut, batch), kThreads, Ld<T, D>::kBwdQ, stream>>>(
+        lut, qt, kt, vt, dot, lse, dvec, static_cast<T*>(dq), scale, extras);
     err = cudaGetLastError();
   });
   return err;

@@ -80,11 +80,11 @@ def _register_fakes(lib: str, softmax_heads: bool = False) -> None:
             return torch.empty_like(y)
 
         @torch.library.register_fake(f"{lib}::flash_fwd")
-        def _flash_fwd(q, k, v, lut, block, scale):
+        def _flash_fwd(q, k, v, lut, block, scale, tile_mask=None, key_bias=None):
             return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
         @torch.library.register_fake(f"{lib}::flash_bwd")
-        def _flash_bwd(q, k, v, o, lse, dout, lut, block, scale):
+        def _flash_bwd(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=None):
             return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
         return
@@ -99,21 +99,24 @@ def _register_fakes(lib: str, softmax_heads: bool = False) -> None:
 
 
 def register_flash_autograd(lib: str) -> None:
-    """flash_fwd's backward is flash_bwd, from the saved inputs, output and log-sum-exp. As a
+    """flash_fwd's backward is flash_bwd, from the saved inputs, output and log-sum-exp (and
+    the tile mask and key bias, which get no gradient, as the unfused softmax's masks). As a
     custom op's autograd (not an autograd.Function), so torch.compile traces it, also when one
     tensor is passed as q, k and v."""
 
     def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
-        q, k, v, lut, block, scale = inputs
+        q, k, v, lut, block, scale, tile_mask, key_bias = inputs
         o, lse = output
-        ctx.save_for_backward(q, k, v, o, lse, lut)
+        ctx.save_for_backward(q, k, v, o, lse, lut, tile_mask, key_bias)
         ctx.block, ctx.scale = block, scale
 
     def backward(ctx: Any, do: torch.Tensor, _dlse: Any) -> tuple:
-        q, k, v, o, lse, lut = ctx.saved_tensors
+        q, k, v, o, lse, lut, tile_mask, key_bias = ctx.saved_tensors
         flash_bwd = getattr(torch.ops, lib).flash_bwd
-        dq, dk, dv = flash_bwd(q, k, v, o, lse, do.contiguous(), lut, ctx.block, ctx.scale)
-        return dq, dk, dv, None, None, None
+        dq, dk, dv = flash_bwd(
+            q, k, v, o, lse, do.contiguous(), lut, ctx.block, ctx.scale, tile_mask, key_bias
+        )
+        return dq, dk, dv, None, None, None, None, None
 
     torch.library.register_autograd(f"{lib}::flash_fwd", backward, setup_context=setup_context)
 

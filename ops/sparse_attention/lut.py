@@ -62,6 +62,51 @@ def lut_for(layout: torch.Tensor, block: int) -> Lut:
     return _CACHE[key]
 
 
+@dataclass(frozen=True)
+class Tiles:
+    """A layout as the fused kernels' 64 x 64 tiles ([Note: fused tile masks] in
+    csrc/sparse_attention/sparse_flash.cu): blocks of 64 and 128 as they are; finer layouts
+    made coarse, a tile present when any of its blocks is, with `mask[z]` (int32, one per block
+    of `lut`) setting bit 4 qi + ki when the tile's 16 x 16 sub-block (qi, ki) is attended."""
+
+    lut: Lut
+    mask: torch.Tensor | None
+    _copies: dict[torch.device, torch.Tensor] = field(default_factory=dict, compare=False)
+
+    def mask_on(self, device: torch.device) -> torch.Tensor | None:
+        if self.mask is None:
+            return None
+        if device not in self._copies:
+            self._copies[device] = self.mask.to(device)
+        return self._copies[device]
+
+
+_TILES: dict[tuple[bytes, tuple[int, ...], int], Tiles] = {}
+FUSED_TILE = 64
+
+
+def tiles_for(layout: torch.Tensor, block: int) -> Tiles:
+    layout = check_layout(layout, block)
+    if block >= FUSED_TILE:
+        return Tiles(lut_for(layout, block), None)
+    heads, nb, _ = layout.shape
+    if nb * block % FUSED_TILE:
+        raise ValueError(
+            f"{nb * block} tokens are not a whole number of the fused kernels' {FUSED_TILE}-token "
+            f"tiles (layout block {block})"
+        )
+    key = (layout.numpy().tobytes(), tuple(layout.shape), block)
+    if key not in _TILES:
+        r, n = block // 16, nb * block // FUSED_TILE
+        fine = layout.repeat_interleave(r, 1).repeat_interleave(r, 2)  # 16-token blocks
+        sub = fine.reshape(heads, n, 4, n, 4).permute(0, 1, 3, 2, 4).reshape(heads, n, n, 16)
+        bits = (sub << torch.arange(16)).sum(-1)  # bit 4 qi + ki: sub-block (qi, ki)
+        present = bits != 0
+        # boolean indexing walks (head, row, column) as nonzero() does: the table's block order
+        _TILES[key] = Tiles(lut_for(present.long(), FUSED_TILE), bits[present].to(torch.int32))
+    return _TILES[key]
+
+
 def _build(layout: torch.Tensor, block: int) -> Lut:
     heads, nb, _ = layout.shape
     nz = layout.nonzero()  # (h, r, c) in layout order: the sparse tensor's block order

@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from . import fused
-from .lut import Lut, lut_for
+from .lut import Tiles, tiles_for
 from .matmul import MatMul
-from .softmax import Softmax
+from .softmax import Softmax, additive
 from .sparsity_config import SparsityConfig
 
 
@@ -19,8 +19,9 @@ class SparseSelfAttention(nn.Module):
     key_padding_mask ([batch, seq]) and attn_mask ([seq, seq]) are added ('add') or, for
     'mul', 0 marks what is masked out.
 
-    Without rpe or masks, 16-bit CUDA operands run fused (fused.applies): one kernel forward,
-    two backward, no scores in memory. Setting `fused = False` keeps the unfused ops."""
+    Without rpe or attn_mask, 16-bit CUDA operands run fused (fused.applies), with or without
+    a key padding mask: one kernel forward, two backward, no scores in memory. Setting
+    `fused = False` keeps the unfused ops."""
 
     def __init__(
         self,
@@ -42,7 +43,7 @@ class SparseSelfAttention(nn.Module):
         self.max_seq_length = max_seq_length
         self.master_layout = self.sparsity_config.make_layout(max_seq_length)
         self._ops: dict[int, tuple[MatMul, Softmax, MatMul]] = {}
-        self._luts: dict[int, Lut] = {}
+        self._tiles: dict[int, Tiles] = {}
         self.fused = True
 
     def get_layout(self, seq_len: int) -> torch.Tensor:
@@ -55,12 +56,12 @@ class SparseSelfAttention(nn.Module):
         n = seq_len // block
         return self.master_layout[:, :n, :n]
 
-    def get_lut(self, seq_len: int) -> Lut:
-        """The fused kernels' table for seq_len, made once (checking and hashing a layout costs
+    def get_tiles(self, seq_len: int) -> Tiles:
+        """The fused kernels' tiles for seq_len, made once (checking and hashing a layout costs
         more than the kernels at 16k tokens, and torch.compile cannot trace it)."""
-        if seq_len not in self._luts:
-            self._luts[seq_len] = lut_for(self.get_layout(seq_len), self.sparsity_config.block)
-        return self._luts[seq_len]
+        if seq_len not in self._tiles:
+            self._tiles[seq_len] = tiles_for(self.get_layout(seq_len), self.sparsity_config.block)
+        return self._tiles[seq_len]
 
     def get_ops(self, heads: int, seq_len: int) -> tuple[MatMul, Softmax, MatMul]:
         if seq_len not in self._ops:
@@ -104,14 +105,19 @@ class SparseSelfAttention(nn.Module):
                     f"{name} has shape {tuple(t.shape)}; query has {tuple(query.shape)}"
                 )
         if key_padding_mask is not None:
-            key_padding_mask = key_padding_mask.reshape(bsz, -1)  # [b, 1, 1, s] as well
+            if key_padding_mask.numel() != bsz * seq:
+                raise ValueError(
+                    f"key_padding_mask has shape {tuple(key_padding_mask.shape)}; expected "
+                    f"[batch, seq] = [{bsz}, {seq}] (or [{bsz}, 1, 1, {seq}])"
+                )
+            key_padding_mask = key_padding_mask.reshape(bsz, seq)
         if attn_mask is not None:
             attn_mask = attn_mask.reshape(attn_mask.shape[-2], attn_mask.shape[-1])
         scale = float(head_dim) ** -0.5
         block = self.sparsity_config.block
-        plain = rpe is None and key_padding_mask is None and attn_mask is None
-        if plain and self.fused and fused.applies(query, block):
-            return fused.attention(query, key, value, self.get_lut(seq), scale)
+        if rpe is None and attn_mask is None and self.fused and fused.applies(query, block):
+            bias = additive(key_padding_mask, self.key_padding_mask_mode, "key_padding_mask")
+            return fused.attention(query, key, value, self.get_tiles(seq), scale, bias)
         sdd, softmax, dsd = self.get_ops(heads, seq)
         scores = sdd(query, key)
         probs = softmax(

@@ -1,7 +1,9 @@
 """How SparseSelfAttention reaches the fused CUDA kernels, checked on CPU with a stand-in op of
 the same schemas (the kernels themselves are tested in test_fused_cuda.py, on a GPU): which
-calls take the fused path, that flash_fwd's autograd runs flash_bwd and routes its three
-gradients (also when one tensor is q, k and v), and that torch.compile traces the path whole."""
+calls take the fused path (key padding masks and blocks of 16 and 32 too, with the bias and
+the tile mask reaching both kernels), that flash_fwd's autograd runs flash_bwd and routes its
+three gradients (also when one tensor is q, k and v), and that torch.compile traces the path
+whole."""
 
 from __future__ import annotations
 
@@ -15,24 +17,31 @@ from tests.helpers.compile_parity import assert_compiled_matches_eager
 LIB = "ds_test_stand_in_flash"
 _lib = torch.library.Library(LIB, "DEF")
 _lib.define(
-    "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale) -> "
-    "(Tensor, Tensor)"
+    "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale, "
+    "Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor)"
 )
 _lib.define(
     "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
-    "int block, float scale) -> (Tensor, Tensor, Tensor)"
+    "int block, float scale, Tensor? tile_mask=None, Tensor? key_bias=None) -> "
+    "(Tensor, Tensor, Tensor)"
 )
 CALLS: list[str] = []
+ARGS: dict = {}  # flash_fwd's last block, tile mask and key bias
 
 
-def _fwd(q, k, v, lut, block, scale):
-    CALLS.append("fwd")
+def _extras(tile_mask, key_bias) -> str:
+    return ("+mask" if tile_mask is not None else "") + ("+bias" if key_bias is not None else "")
+
+
+def _fwd(q, k, v, lut, block, scale, tile_mask=None, key_bias=None):
+    ARGS.update(block=block, tile_mask=tile_mask, key_bias=key_bias)
+    CALLS.append("fwd" + _extras(tile_mask, key_bias))
     o = torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v  # dense: the layout is not used
     return o, q.new_zeros(q.shape[:3], dtype=torch.float32)
 
 
-def _bwd(q, k, v, o, lse, dout, lut, block, scale):
-    CALLS.append("bwd")
+def _bwd(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=None):
+    CALLS.append("bwd" + _extras(tile_mask, key_bias))
     return dout * 2, dout * 3, dout * 4  # tells the three gradients apart
 
 
@@ -41,12 +50,12 @@ _lib.impl("flash_bwd", _bwd, "CPU")
 
 
 @torch.library.register_fake(f"{LIB}::flash_fwd")
-def _fwd_fake(q, k, v, lut, block, scale):
+def _fwd_fake(q, k, v, lut, block, scale, tile_mask=None, key_bias=None):
     return torch.empty_like(q), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.register_fake(f"{LIB}::flash_bwd")
-def _bwd_fake(q, k, v, o, lse, dout, lut, block, scale):
+def _bwd_fake(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
@@ -83,13 +92,47 @@ def test_plain_calls_run_fused_and_gradients_come_from_flash_bwd(stand_in):
     torch.testing.assert_close(dx, 9 * g)
 
 
-def test_masks_and_fused_false_run_unfused(stand_in):
+def test_rpe_attn_mask_and_fused_false_run_unfused(stand_in):
     att = attention()
     q = torch.randn(1, 2, 256, 64)
-    att(q, q, q, key_padding_mask=torch.zeros(1, 256))
+    att(q, q, q, attn_mask=torch.ones(256, 256))
+    att(q, q, q, rpe=torch.zeros(1, 2, 256, 256))
     att.fused = False
     att(q, q, q)
+    att(q, q, q, key_padding_mask=torch.ones(1, 256))
     assert stand_in == []
+
+
+@pytest.mark.parametrize("mode", ["add", "mul"])
+def test_a_key_padding_mask_reaches_both_kernels_as_an_additive_bias(stand_in, mode):
+    att = SparseSelfAttention(
+        BigBirdSparsityConfig(2, 64, num_random_blocks=1),
+        key_padding_mask_mode=mode,
+        max_seq_length=256,
+    )
+    q = torch.randn(2, 2, 256, 64, requires_grad=True)
+    kp = torch.ones(2, 1, 1, 256) if mode == "mul" else torch.zeros(2, 1, 1, 256)
+    kp[1, ..., 200:] = 0 if mode == "mul" else -5.0
+    att(q, q, q, key_padding_mask=kp).sum().backward()
+    assert stand_in == ["fwd+bias", "bwd+bias"]
+    bias = ARGS["key_bias"]
+    assert bias.shape == (2, 256) and bias.dtype == torch.float32
+    assert (bias[0] == 0).all() and (bias[1, :200] == 0).all()
+    assert (bias[1, 200:] == (float("-inf") if mode == "mul" else -5.0)).all()
+    with pytest.raises(ValueError, match=r"key_padding_mask has shape \(2, 255\)"):
+        att(q, q, q, key_padding_mask=torch.zeros(2, 255))
+
+
+@pytest.mark.parametrize("block", [16, 32])
+def test_fine_blocks_run_fused_on_coarse_tiles_with_their_masks(stand_in, block):
+    att = SparseSelfAttention(
+        BigBirdSparsityConfig(2, block, num_random_blocks=1), max_seq_length=256
+    )
+    q = torch.randn(1, 2, 256, 64, requires_grad=True)
+    att(q, q, q).sum().backward()
+    assert stand_in == ["fwd+mask", "bwd+mask"]
+    tiles = att.get_tiles(256)
+    assert ARGS["block"] == 64 and torch.equal(ARGS["tile_mask"], tiles.mask)
 
 
 @pytest.mark.parametrize("same", [False, True], ids=["qkv", "one_tensor"])
@@ -98,3 +141,10 @@ def test_torch_compile_traces_the_fused_path_whole(stand_in, same):
     q, k, v = (torch.randn(1, 2, 256, 64, requires_grad=True) for _ in range(3))
     args = (q, q, q) if same else (q, k, v)
     assert_compiled_matches_eager(att, args)
+
+
+def test_torch_compile_traces_fine_blocks_with_a_key_padding_mask(stand_in):
+    att = SparseSelfAttention(BigBirdSparsityConfig(2, 16, num_random_blocks=1), max_seq_length=256)
+    q, k, v = (torch.randn(1, 2, 256, 64, requires_grad=True) for _ in range(3))
+    kp = torch.zeros(1, 256)
+    assert_compiled_matches_eager(lambda *a: att(*a, key_padding_mask=kp), (q, k, v))
