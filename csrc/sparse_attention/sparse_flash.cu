@@ -166,6 +166,43 @@ __device__ __forceinline__ int advance_stage(int i, int n, int64_t& next, Fetch&
   return st;
 }
 
+// What the forward and dQ share: a query tile (blockIdx.x) walking its layout row, K and V
+// coming through two shared-memory stages (stage s: K at k_at(s), V after it), and what a
+// tile mask and key bias say of key tile i ([Note: fused tile masks]).
+template <typename T, int D>
+struct RowWalk {
+  static constexpr int kTileElems = kT * Ld<T, D>::kTile;
+  T* const kv;
+  const Tiling g;
+  const int64_t t, base;
+  int32_t e0;
+  int n;  // key tiles of the layout row
+  __device__ RowWalk(const BlockLut& L, unsigned char* smem)
+      : kv(reinterpret_cast<T*>(smem)), g(L), t(blockIdx.x), base(g.bh * g.seq * D) {
+    const int64_t key = g.h * L.nb + t / g.sub;
+    e0 = L.row_ptr[key];
+    n = (L.row_ptr[key + 1] - e0) * g.sub;
+  }
+  __device__ T* k_at(int stage) const { return kv + 2 * stage * kTileElems; }
+  __device__ T* v_at(int stage) const { return kv + (2 * stage + 1) * kTileElems; }
+  __device__ int64_t tile_at(const BlockLut& L, int i) const {
+    return row_tile<D>(L, e0, g.sub, base, i);
+  }
+  __device__ void fetch(const T* k, const T* v, int64_t off, int stage) const {
+    cp_tile<T, D>(k_at(stage), k + off);
+    cp_tile<T, D>(v_at(stage), v + off);
+  }
+  // Which of tile i's four 16-key steps the warp's 16 rows attend to (bit np).
+  __device__ uint32_t steps(const BlockLut& L, const FlashExtras& x, int i, int warp) const {
+    return x.tile_mask ? (x.tile_mask[L.row_idx[e0 + i / g.sub]] >> (4 * warp)) & 0xFu : 0xFu;
+  }
+  // The bias of tile i's keys, or null.
+  __device__ const float* bias(const BlockLut& L, const FlashExtras& x, int i) const {
+    return x.key_bias ? x.key_bias + g.bh / L.heads * g.seq + row_tile<1>(L, e0, g.sub, 0, i)
+                      : nullptr;
+  }
+};
+
 // Four 8x8 matrices (see the layouts above); `p` is this lane's row address.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -287,24 +324,19 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();  // bf16 mma.sync and cp.async need sm_80; the binding refuses older devices
 #else
-  constexpr int kLd = Ld<T, D>::kTile, kTileElems = kT * kLd;
+  constexpr int kLd = Ld<T, D>::kTile;
   extern __shared__ __align__(128) unsigned char smem[];
-  // Stage s holds K at k_at(s) and V after it. Q borrows stage 1's K until it is in registers.
-  T* const kv = reinterpret_cast<T*>(smem);
-  auto k_at = [kv](int stage) { return kv + 2 * stage * kTileElems; };
-  auto v_at = [kv](int stage) { return kv + (2 * stage + 1) * kTileElems; };
-  const Tiling g(L);
-  const int64_t t = blockIdx.x, key = g.h * L.nb + t / g.sub, base = g.bh * g.seq * D;
+  const RowWalk<T, D> w(L, smem);  // Q borrows stage 1's K until it is in registers
+  const Tiling& g = w.g;
+  const int64_t t = w.t, base = w.base;
+  const int n = w.n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
   const int gr = lane / 4, gc = lane % 4;
   const float sl2 = scale * kLog2e;
-  const int32_t e0 = L.row_ptr[key];
-  const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
-  auto tile_at = [&](int i) { return row_tile<D>(L, e0, g.sub, base, i); };
-  auto fetch = [&](int64_t off, int stage) {
-    cp_tile<T, D>(k_at(stage), k + off);
-    cp_tile<T, D>(v_at(stage), v + off);
-  };
+  auto k_at = [&](int stage) { return w.k_at(stage); };
+  auto v_at = [&](int stage) { return w.v_at(stage); };
+  auto tile_at = [&](int i) { return w.tile_at(L, i); };
+  auto fetch = [&](int64_t off, int stage) { w.fetch(k, v, off, stage); };
 
   cp_tile<T, D>(k_at(1), q + base + t * kT * D);
   if (n > 0) fetch(tile_at(0), 0);
@@ -331,8 +363,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 1)
     uint32_t bits = 0xFu;       // which of its four 16-key steps the warp's rows attend to
     const float* kb = nullptr;  // the bias of the tile's keys
     if constexpr (kExtra) {
-      if (x.tile_mask) bits = (x.tile_mask[L.row_idx[e0 + i / g.sub]] >> (4 * warp)) & 0xFu;
-      if (x.key_bias) kb = x.key_bias + g.bh / L.heads * g.seq + row_tile<1>(L, e0, g.sub, 0, i);
+      bits = w.steps(L, x, i, warp);
+      kb = w.bias(L, x, i);
       if (bits == 0) continue;
     }
 
@@ -580,24 +612,19 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   __trap();
 #else
-  constexpr int kLd = Ld<T, D>::kTile, kTileElems = kT * kLd;
+  constexpr int kLd = Ld<T, D>::kTile;
   extern __shared__ __align__(128) unsigned char smem[];
-  // Stage s holds K at k_at(s) and V after it. Q and dO borrow stage 1 until in registers.
-  T* const kv = reinterpret_cast<T*>(smem);
-  auto k_at = [kv](int stage) { return kv + 2 * stage * kTileElems; };
-  auto v_at = [kv](int stage) { return kv + (2 * stage + 1) * kTileElems; };
-  const Tiling g(L);
-  const int64_t t = blockIdx.x, key = g.h * L.nb + t / g.sub, base = g.bh * g.seq * D;
+  const RowWalk<T, D> w(L, smem);  // Q and dO borrow stage 1 until they are in registers
+  const Tiling& g = w.g;
+  const int64_t t = w.t, base = w.base;
+  const int n = w.n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r0 = warp * 16;
   const int gr = lane / 4, gc = lane % 4;
   const float sl2 = scale * kLog2e;
-  const int32_t e0 = L.row_ptr[key];
-  const int n = (L.row_ptr[key + 1] - e0) * g.sub;  // key tiles of the layout row
-  auto tile_at = [&](int i) { return row_tile<D>(L, e0, g.sub, base, i); };
-  auto fetch = [&](int64_t off, int stage) {
-    cp_tile<T, D>(k_at(stage), k + off);
-    cp_tile<T, D>(v_at(stage), v + off);
-  };
+  auto k_at = [&](int stage) { return w.k_at(stage); };
+  auto v_at = [&](int stage) { return w.v_at(stage); };
+  auto tile_at = [&](int i) { return w.tile_at(L, i); };
+  auto fetch = [&](int64_t off, int stage) { w.fetch(k, v, off, stage); };
 
   cp_tile<T, D>(k_at(1), q + base + t * kT * D);
   cp_tile<T, D>(v_at(1), dout + base + t * kT * D);
@@ -629,8 +656,8 @@ __global__ void __launch_bounds__(kThreads, D == 64 ? 4 : 2)
     uint32_t bits = 0xFu;       // as in the forward
     const float* kb = nullptr;  // the bias of the tile's keys
     if constexpr (kExtra) {
-      if (x.tile_mask) bits = (x.tile_mask[L.row_idx[e0 + i / g.sub]] >> (4 * warp)) & 0xFu;
-      if (x.key_bias) kb = x.key_bias + g.bh / L.heads * g.seq + row_tile<1>(L, e0, g.sub, 0, i);
+      bits = w.steps(L, x, i, warp);
+      kb = w.bias(L, x, i);
     }
 #pragma unroll
     for (int np = 0; np < kT / 16; ++np) {           // keys 16np..+15
