@@ -1,12 +1,13 @@
 // Fused block-sparse attention on CUDA ([Note: fused block-sparse attention]).
 //
 // [Note: fused block-sparse attention]
-// SparseSelfAttention without rpe or masks as three kernels that never write the scores (the
-// unfused ops write the scores, the probabilities and their gradients, each batch * nnz *
-// block^2): the forward; dK and dV by key tile; dQ by query tile, so nothing needs atomics.
-// - Tiles are 64 queries by 64 keys. A layout block of 64 is one tile, one of 128 four. The
-//   forward and dQ walk a query tile's layout row (row_ptr), dK/dV a key tile's column
-//   (col_ptr).
+// SparseSelfAttention without rpe or an attention mask as three kernels that never write the
+// scores (the unfused ops write the scores, the probabilities and their gradients, each
+// batch * nnz * block^2): the forward; dK and dV by key tile; dQ by query tile, so nothing
+// needs atomics.
+// - Tiles are 64 queries by 64 keys. A layout block of 64 is one tile, one of 128 four; finer
+//   blocks share tiles ([Note: fused tile masks]). The forward and dQ walk a query tile's
+//   layout row (row_ptr), dK/dV a key tile's column (col_ptr).
 // - A thread block is 4 warps, and each warp owns 16 rows of every tile it computes: queries in
 //   the forward and dQ, keys in dK/dV. The products run on tensor cores with fp32 accumulators.
 // - The forward keeps them in registers (mma.sync m16n8k16, FlashAttention-2 style): Q, the
