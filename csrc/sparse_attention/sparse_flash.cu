@@ -31,7 +31,9 @@
 // time, so a cleared bit skips that step's products outright and its scores are -inf (the
 // forward) or its probabilities 0 (the backward): exact, and what is skipped costs nothing
 // but the tile's loads. A key padding mask is a per-key bias added to the scaled scores in
-// all three kernels (the forward's lse includes it, so the backward's P does too). Either
+// all three kernels (the forward's lse includes it, so the backward's P does too); finite
+// biases come floored at -1e4 ([Note: additive mask floor] in ops/sparse_attention), so
+// their log2 units cannot overflow and lse keeps the digits of its sum. Either
 // lets a row of a tile, or a whole query row, see only -inf: the online softmax then takes 0
 // as its max (no -inf - -inf), and a row with no key left gives zeros, as the unfused
 // softmax does. Kernels without either (kExtra false) are compiled apart and unchanged.

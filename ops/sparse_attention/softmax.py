@@ -13,10 +13,22 @@ from .kernels import path_for, to_dense
 from .lut import Lut, lut_for
 
 _MODES = ("add", "mul")
+MASK_FLOOR = -1e4
 
 
 def additive(mask: torch.Tensor | None, mode: str, name: str) -> torch.Tensor | None:
-    """A mask as fp32 to add: 'add' masks as given, 'mul' masks as 0 -> -inf, else 0."""
+    """A mask as fp32 to add: 'add' masks as given, 'mul' masks as 0 -> -inf, else 0.
+
+    [Note: additive mask floor]
+    Finite 'add' values below MASK_FLOOR (-1e4, BERT's own mask value) are raised to it;
+    -inf stays -inf. A key under the floor gets weight exp(-1e4) = 0 in fp32 either way, so
+    rows with any key left are unchanged. What changes is a row whose every key is masked by
+    a huge finite value (-1e9, finfo.min as Hugging Face builds masks): in fp32 such scores
+    lose their own digits, the unfused softmax returned a rounding-made average, and the
+    fused kernels' log-sum-exp lost its log(sum) term (their backward then disagreed with
+    their forward), or overflowed to -inf in log2 units. At the floor both paths keep the
+    scores' digits and agree: the row attends as if the constant mask were not there (softmax
+    is shift-invariant). A row masked by -inf ('mul', or -inf given) gives zeros."""
     if mask is None:
         return None
     if mode not in _MODES:
@@ -24,7 +36,8 @@ def additive(mask: torch.Tensor | None, mode: str, name: str) -> torch.Tensor | 
     if mode == "mul" or mask.dtype == torch.bool:
         keep = mask if mask.dtype == torch.bool else mask != 0
         return torch.zeros(mask.shape, device=mask.device).masked_fill(~keep, float("-inf"))
-    return mask.float().contiguous()
+    m = mask.float()
+    return torch.where((m < MASK_FLOOR) & (m != float("-inf")), MASK_FLOOR, m).contiguous()
 
 
 class _Softmax(Function):

@@ -41,16 +41,17 @@ def randn(*shape, seed: int) -> torch.Tensor:
 
 def dense_attention(q, k, v, lay, block, bias=None):
     """Attention masked by the layout, plus bias[b, key] (-inf drops the key); a query row
-    with no key left gives zeros (with zero gradients, not NaN)."""
+    with no key left gives zeros (with zero gradients, not NaN). With a bias the scores and
+    softmax are fp32 at least (in 16 bits, scores near a bias of -1e4 would keep no digits)."""
     keep = lay.repeat_interleave(block, 1).repeat_interleave(block, 2).bool().to(q.device)
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if bias is not None:
         bias = bias.to(q.device)[:, None, None, :]
         keep = keep & (bias != float("-inf"))
-        s = s + bias.masked_fill(bias == float("-inf"), 0).to(s.dtype)
+        s = s.float() + bias.masked_fill(bias == float("-inf"), 0).to(s.dtype).float()
     has = keep.any(-1, keepdim=True)
     p = torch.softmax(torch.where(keep, s, float("-inf")).where(has, 0), -1) * has
-    return p @ v
+    return p.to(v.dtype) @ v
 
 
 def outputs_and_grads(fn, dtype, q, k, v, g) -> list[torch.Tensor]:
@@ -107,11 +108,14 @@ def test_a_causal_fine_layout_skips_what_its_tiles_do_not_attend(head_dim, no_un
     check_against_dense(att, lay, 16, torch.bfloat16, 256, head_dim)
 
 
-@pytest.mark.parametrize("mode", ["add", "mul"])
-@pytest.mark.parametrize("block", [16, 64, 128])
+@pytest.mark.parametrize("mode", ["add", "mul", "add_huge"])
+@pytest.mark.parametrize("block", [16, 32, 64, 128])
 def test_a_key_padding_mask_runs_fused_and_matches_dense(block, mode, no_unfused):
-    """'add' adds the mask (random finite values here); 'mul' drops keys where it is 0. With
-    'mul', head 0's last block row attends only to keys batch 1 drops: those rows give zeros."""
+    """'add' adds the mask (random finite values here); 'mul' drops keys where it is 0. Head
+    0's last block row attends only to the last block's keys, which batch 1 masks: with 'mul'
+    those rows give zeros; with huge finite values ([Note: additive mask floor]) they attend
+    as if unmasked. With 'mul', batch 1 also drops the first block's keys, so rows of head 0
+    meet a tile they see nothing of before one they do."""
     nb, seq = 4 * (64 // block if block < 64 else 1), 256 if block < 64 else 4 * block
     lay = torch.zeros(H, nb, nb, dtype=torch.long)
     lay[:, torch.arange(nb), torch.arange(nb)] = 1
@@ -122,11 +126,18 @@ def test_a_key_padding_mask_runs_fused_and_matches_dense(block, mode, no_unfused
     if mode == "add":
         kp = torch.randn(BATCH, seq, generator=g) * 3
         bias = kp
-    else:
+    elif mode == "mul":
         kp = torch.ones(BATCH, seq)
         kp[1, seq - seq // nb :] = 0  # batch 1 drops the last block's keys
+        kp[1, : seq // nb] = 0  # and the first's
         kp[0, torch.randperm(seq, generator=g)[: seq // 3]] = 0
         bias = torch.zeros(BATCH, seq).masked_fill(kp == 0, float("-inf"))
+    else:
+        mode = "add"
+        kp = torch.zeros(BATCH, seq)
+        kp[1, seq - seq // nb :] = -1e9
+        kp[0, torch.randperm(seq, generator=g)[: seq // 3]] = torch.finfo(torch.float32).min
+        bias = kp.clamp(min=-1e4)
     config = FixedSparsityConfig(H, block)
     att = SparseSelfAttention(config, key_padding_mask_mode=mode, max_seq_length=seq)
     att.master_layout = lay  # the layout above, through the module's own path
@@ -135,9 +146,26 @@ def test_a_key_padding_mask_runs_fused_and_matches_dense(block, mode, no_unfused
         return att(q, k, v, key_padding_mask=kp.cuda())
 
     out, *_ = check_against_dense(fn, lay, block, torch.bfloat16, seq, 64, bias)
+    rows = slice(seq - seq // nb, seq)
     if mode == "mul":
-        rows = slice(seq - seq // nb, seq)
         assert out[1, 0, rows].abs().max() == 0 and out[0, 0, rows].abs().max() > 0
+    else:
+        assert out[1, 0, rows].abs().max() > 0
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_a_key_padding_mask_at_head_dim_128(dtype, no_unfused):
+    """The dK/dV kernel keeps V in shared memory at head_dim 128: the bias path there."""
+    config = BigBirdSparsityConfig(H, 32, num_random_blocks=1, num_global_blocks=1)
+    att = SparseSelfAttention(config, key_padding_mask_mode="mul", max_seq_length=256)
+    kp = torch.ones(BATCH, 256)
+    kp[1, 200:] = 0
+    bias = torch.zeros(BATCH, 256).masked_fill(kp == 0, float("-inf"))
+
+    def fn(q, k, v):
+        return att(q, k, v, key_padding_mask=kp.cuda())
+
+    check_against_dense(fn, att.get_layout(256), 32, dtype, 256, 128, bias)
 
 
 @pytest.mark.parametrize("block", [64, 128])

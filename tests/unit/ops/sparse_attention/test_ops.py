@@ -142,6 +142,25 @@ def test_a_row_with_every_key_masked_gives_zeros(path):
     assert torch.equal(y, torch.zeros_like(y))
 
 
+@pytest.mark.parametrize("value", [-1e9, torch.finfo(torch.float32).min])
+def test_huge_finite_masks_act_as_the_floor(path, value):
+    """[Note: additive mask floor]: a key masked by a huge finite value weighs 0 as at the
+    floor, and a row with every key so masked attends as if the constant were not there."""
+    lay = layout()
+    x = rand(BATCH, int(lay.sum()), BS, BS, seed=3)
+    kp = torch.zeros(BATCH, SIDE)
+    kp[0, 5:9] = value  # some keys of batch 0
+    kp[1] = value  # every key of batch 1
+    y = Softmax(lay, BS)(x, key_padding_mask=kp)
+    at_floor = Softmax(lay, BS)(x, key_padding_mask=kp.clamp(min=-1e4))
+    grads_match(y, at_floor, (x,), (x,))
+    z = dense_of(x.detach(), lay, float("-inf"))
+    z[0, :, :, 5:9] = float("-inf")
+    want = blocks_of(torch.softmax(z, -1), lay)  # batch 1: a constant shift changes nothing
+    torch.testing.assert_close(y[0], want[0])
+    torch.testing.assert_close(y[1], want[1], rtol=1e-3, atol=1e-4)
+
+
 def dense_attention(q, k, v, lay, kp_keep=None):
     mask = lay.repeat_interleave(BS, 1).repeat_interleave(BS, 2).bool()
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
