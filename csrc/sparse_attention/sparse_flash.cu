@@ -25,18 +25,19 @@
 //   (as in FlashAttention).
 //
 // [Note: fused tile masks]
-// Layout blocks of 16 and 32 run on the same 64 x 64 tiles: the layout is made coarse (a tile
-// is in the table when any of its blocks is) and each tile carries 16 bits, one per 16 x 16
-// sub-block. A warp's 16 rows are one sub-block row and the kernels step 16 columns at a
-// time, so a cleared bit skips that step's products outright and its scores are -inf (the
-// forward) or its probabilities 0 (the backward): exact, and what is skipped costs nothing
-// but the tile's loads. A key padding mask is a per-key bias added to the scaled scores in
-// all three kernels (the forward's lse includes it, so the backward's P does too); finite
-// biases come floored at -1e4 ([Note: additive mask floor] in ops/sparse_attention), so
-// their log2 units cannot overflow and lse keeps the digits of its sum. Either
-// lets a row of a tile, or a whole query row, see only -inf: the online softmax then takes 0
-// as its max (no -inf - -inf), and a row with no key left gives zeros, as the unfused
-// softmax does. Kernels without either (kExtra false) are compiled apart and unchanged.
+// Layout blocks of 16 and 32 run on the same 64 x 64 tiles: the layout is made coarse (a tile is in
+// the table when any of its blocks is) and each tile carries 16 bits, one per 16 x 16 sub-block. A
+// warp's 16 rows are one sub-block row and the kernels step 16 columns at a time, so a cleared bit
+// skips that step's products outright and its scores are -inf (the forward) or its probabilities 0
+// (the backward): exact, and what is skipped costs nothing but the tile's loads. A length that
+// leaves the last tile partial comes padded (by ops/sparse_attention/fused.py) with sub-blocks
+// whose bits are clear: padded rows then see only skipped steps and give zeros. A key padding mask
+// is a per-key bias added to the scaled scores in all three kernels (the forward's lse includes it,
+// so the backward's P does too); finite biases come floored at -1e4 ([Note: additive mask floor] in
+// ops/sparse_attention), so their log2 units cannot overflow and lse keeps the digits of its sum.
+// Either lets a row of a tile, or a whole query row, see only -inf: the online softmax then takes 0
+// as its max (no -inf - -inf), and a row with no key left gives zeros, as the unfused softmax does.
+// Kernels without either (kExtra false) are compiled apart and unchanged.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -7,11 +7,12 @@ mask is fine) and the kernels take the operands."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from deepspeed_ext.accelerator.cuda import CUDAAccelerator
 
 from . import kernels
-from .lut import FUSED_TILE, Tiles
+from .lut import Tiles
 
 FUSED_DTYPES = (torch.float16, torch.bfloat16)
 FUSED_BLOCKS = (16, 32, 64, 128)
@@ -21,13 +22,10 @@ _CUDA = CUDAAccelerator()
 
 def applies(query: torch.Tensor, block: int) -> bool:
     """Whether the fused kernels run these operands: 16-bit CUDA tensors on sm_80 or later, a
-    layout block of 16 to 128 over a whole number of 64-token tiles, head_dim 64 or 128, and
-    the CUDA op built."""
+    layout block of 16 to 128, head_dim 64 or 128, and the CUDA op built."""
     if query.device.type != "cuda" or query.dtype not in FUSED_DTYPES:
         return False
     if block not in FUSED_BLOCKS or query.shape[-1] not in FUSED_HEAD_DIMS:
-        return False
-    if query.shape[-2] % FUSED_TILE:
         return False
     if _CUDA.compute_capability(query.device.index)[0] < 8:
         return False
@@ -53,12 +51,17 @@ def attention(
 ) -> torch.Tensor:
     """[batch, heads, seq, head_dim] attention over `tiles`' layout, fused (see `applies`).
     key_bias ([batch, seq], fp32) is added to every score of its key after scaling: a key
-    padding mask made additive (softmax.additive)."""
+    padding mask made additive (softmax.additive). Operands shorter than the tiles (a finer
+    layout over a partial last tile) are padded with rows that take no part."""
+    seq, pad = q.shape[-2], tiles.seq - q.shape[-2]
+    if pad:
+        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
     q, k, v = (_aligned(t.contiguous()) for t in (q, k, v))
     if key_bias is not None:
-        key_bias = _aligned(key_bias.to(q.device, torch.float32).contiguous(), 8)
+        key_bias = key_bias.to(q.device, torch.float32)
+        key_bias = _aligned((F.pad(key_bias, (0, pad)) if pad else key_bias).contiguous(), 8)
     lut = tiles.lut
     o, _lse = kernels.cuda_op().flash_fwd(
         q, k, v, lut.on(q.device), lut.block, scale, tiles.mask_on(q.device), key_bias
     )
-    return o
+    return o[..., :seq, :] if pad else o

@@ -67,11 +67,17 @@ class Tiles:
     """A layout as the fused kernels' 64 x 64 tiles ([Note: fused tile masks] in
     csrc/sparse_attention/sparse_flash.cu): blocks of 64 and 128 as they are; finer layouts
     made coarse, a tile present when any of its blocks is, with `mask[z]` (int32, one per block
-    of `lut`) setting bit 4 qi + ki when the tile's 16 x 16 sub-block (qi, ki) is attended."""
+    of `lut`) setting bit 4 qi + ki when the tile's 16 x 16 sub-block (qi, ki) is attended.
+    A finer layout whose length is not a whole number of tiles is padded to one: `seq` is
+    the tiles' length (lut.nb * lut.block), which the operands are padded to."""
 
     lut: Lut
     mask: torch.Tensor | None
     _copies: dict[torch.device, torch.Tensor] = field(default_factory=dict, compare=False)
+
+    @property
+    def seq(self) -> int:
+        return self.lut.nb * self.lut.block
 
     def mask_on(self, device: torch.device) -> torch.Tensor | None:
         if self.mask is None:
@@ -89,14 +95,14 @@ def tiles_for(layout: torch.Tensor, block: int) -> Tiles:
     layout = check_layout(layout, block)
     if block >= FUSED_TILE:
         return Tiles(lut_for(layout, block), None)
-    heads, nb, _ = layout.shape
-    if nb * block % FUSED_TILE:
-        raise ValueError(
-            f"{nb * block} tokens are not a whole number of the fused kernels' {FUSED_TILE}-token "
-            f"tiles (layout block {block})"
-        )
     key = (layout.numpy().tobytes(), tuple(layout.shape), block)
     if key not in _TILES:
+        # a partial last tile: empty blocks make it whole (no bit of theirs is set, so padded
+        # queries attend to nothing and padded keys are attended by none; fused.attention pads
+        # the operands to match)
+        extra = (-layout.shape[1] * block) % FUSED_TILE // block
+        layout = torch.nn.functional.pad(layout, (0, extra, 0, extra))
+        heads, nb, _ = layout.shape
         r, n = block // 16, nb * block // FUSED_TILE
         fine = layout.repeat_interleave(r, 1).repeat_interleave(r, 2)  # 16-token blocks
         sub = fine.reshape(heads, n, 4, n, 4).permute(0, 1, 3, 2, 4).reshape(heads, n, n, 16)

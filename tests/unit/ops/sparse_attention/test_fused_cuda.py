@@ -98,6 +98,14 @@ def no_unfused(monkeypatch):
     monkeypatch.setattr(K.CUDAPath, "sdd", unfused)
 
 
+@pytest.mark.parametrize("block,seq", [(16, 208), (32, 96)])
+def test_a_length_off_the_tile_grid_runs_fused_and_matches_dense(block, seq, no_unfused):
+    """The operands are padded to whole tiles whose padded sub-blocks have no bit set."""
+    config = BigBirdSparsityConfig(H, block, different_layout_per_head=True, num_random_blocks=1)
+    att = SparseSelfAttention(config, max_seq_length=seq)
+    check_against_dense(att, att.get_layout(seq), block, torch.bfloat16, seq, 64)
+
+
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_causal_fine_layout_skips_what_its_tiles_do_not_attend(head_dim, no_unfused):
     config = FixedSparsityConfig(H, 16, num_local_blocks=3, attention="unidirectional")
@@ -191,7 +199,7 @@ def test_what_the_fused_kernels_take():
     q = randn(BATCH, H, 256, 64, seed=5).bfloat16()
     assert fused.applies(q, 64) and fused.applies(q, 16) and fused.applies(q, 32)
     assert not fused.applies(q.float(), 64)  # fp32 runs unfused
-    assert not fused.applies(q[:, :, :96], 32)  # not a whole number of 64-token tiles
+    assert fused.applies(q[:, :, :96], 32)  # a partial last tile: padded
     assert not fused.applies(q[..., :32], 64)  # head_dim 32
 
 

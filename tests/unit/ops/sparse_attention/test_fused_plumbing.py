@@ -143,8 +143,103 @@ def test_torch_compile_traces_the_fused_path_whole(stand_in, same):
     assert_compiled_matches_eager(att, args)
 
 
+@pytest.mark.parametrize("block,seq", [(16, 80), (32, 96)])
+def test_a_partial_last_tile_is_padded_for_the_kernels_and_cut_off_after(stand_in, block, seq):
+    att = SparseSelfAttention(
+        BigBirdSparsityConfig(2, block, num_random_blocks=1), max_seq_length=seq
+    )
+    q = torch.randn(2, 2, seq, 64, requires_grad=True)
+    kp = torch.ones(2, seq)
+    out = att(q, q, q, key_padding_mask=kp)
+    assert out.shape == q.shape and ARGS["key_bias"].shape == (2, 128)
+    (dq,) = torch.autograd.grad(out, (q,), torch.ones_like(out))
+    assert dq.shape == q.shape and stand_in == ["fwd+mask+bias", "bwd+mask+bias"]
+
+
 def test_torch_compile_traces_fine_blocks_with_a_key_padding_mask(stand_in):
     att = SparseSelfAttention(BigBirdSparsityConfig(2, 16, num_random_blocks=1), max_seq_length=256)
     q, k, v = (torch.randn(1, 2, 256, 64, requires_grad=True) for _ in range(3))
     kp = torch.zeros(1, 256)
     assert_compiled_matches_eager(lambda *a: att(*a, key_padding_mask=kp), (q, k, v))
+
+
+# An emulation of the fused kernels' contract in dense torch math, read from what the op is
+# given (the packed table, the tile mask, the key bias): CPU checks that tiles_for, the
+# padding of a partial last tile and the key bias mean what the unfused ops compute.
+EMU = "ds_test_emulated_flash"
+_emu = torch.library.Library(EMU, "DEF")
+_emu.define(
+    "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale, "
+    "Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor)"
+)
+_emu.define(
+    "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
+    "int block, float scale, Tensor? tile_mask=None, Tensor? key_bias=None) -> "
+    "(Tensor, Tensor, Tensor)"
+)
+
+
+def _allowed(lut, block, tile_mask, seq):
+    nnz, heads = int(lut[0]), int(lut[1])
+    blocks = lut[4 : 4 + 3 * nnz].view(nnz, 3).tolist()
+    keep = torch.zeros(heads, seq, seq, dtype=torch.bool)
+    for z, (h, r, c) in enumerate(blocks):
+        if tile_mask is None:
+            keep[h, r * block : (r + 1) * block, c * block : (c + 1) * block] = True
+            continue
+        for bit in range(16):
+            if int(tile_mask[z]) >> bit & 1:
+                i, j = r * block + 16 * (bit // 4), c * block + 16 * (bit % 4)
+                keep[h, i : i + 16, j : j + 16] = True
+    return keep
+
+
+def _emulated(q, k, v, lut, block, scale, tile_mask, key_bias):
+    keep = _allowed(lut, block, tile_mask, q.shape[-2])[None].expand(q.shape[0], -1, -1, -1)
+    s = (q.float() @ k.float().transpose(-1, -2)) * scale
+    if key_bias is not None:
+        keep = keep & (key_bias != float("-inf"))[:, None, None, :]
+        s = s + key_bias.masked_fill(key_bias == float("-inf"), 0)[:, None, None, :]
+    has = keep.any(-1, keepdim=True)
+    p = torch.softmax(s.masked_fill(~keep, float("-inf")).where(has, 0), -1) * has
+    return (p @ v.float()).to(q.dtype)
+
+
+def _emu_fwd(q, k, v, lut, block, scale, tile_mask=None, key_bias=None):
+    return _emulated(q, k, v, lut, block, scale, tile_mask, key_bias), q.new_zeros(q.shape[:3])
+
+
+def _emu_bwd(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=None):
+    with torch.enable_grad():
+        xs = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = _emulated(*xs, lut, block, scale, tile_mask, key_bias)
+        return torch.autograd.grad(out, xs, dout)
+
+
+_emu.impl("flash_fwd", _emu_fwd, "CPU")
+_emu.impl("flash_bwd", _emu_bwd, "CPU")
+K.register_flash_autograd(EMU)
+
+
+@pytest.mark.parametrize("block,seq", [(16, 80), (16, 256), (32, 96)])
+@pytest.mark.parametrize("mode", ["add", "mul"])
+def test_the_fused_contract_equals_the_unfused_ops(monkeypatch, block, seq, mode):
+    """What SparseSelfAttention hands the fused op (tiles, padding, key bias), executed by
+    the emulation, against the unfused CPU ops: output and gradients."""
+    config = BigBirdSparsityConfig(2, block, different_layout_per_head=True, num_random_blocks=1)
+    att = SparseSelfAttention(config, key_padding_mask_mode=mode, max_seq_length=seq)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(2, 2, seq, 64, generator=g, requires_grad=True) for _ in range(3))
+    kp = torch.ones(2, seq) if mode == "mul" else torch.randn(2, seq, generator=g)
+    kp[1, seq - 24 :] = 0 if mode == "mul" else -1e9
+    dout = torch.randn(2, 2, seq, 64, generator=g)
+    att.fused = False
+    ref = att(q, k, v, key_padding_mask=kp)
+    want = torch.autograd.grad(ref, (q, k, v), dout)
+    att.fused = True
+    monkeypatch.setattr(K, "cuda_op", lambda: getattr(torch.ops, EMU))
+    monkeypatch.setattr(fused, "applies", lambda q, block: True)
+    out = att(q, k, v, key_padding_mask=kp)
+    got = torch.autograd.grad(out, (q, k, v), dout)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

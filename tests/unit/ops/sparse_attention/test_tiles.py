@@ -15,7 +15,7 @@ def expected_tiles(layout: torch.Tensor, block: int) -> dict[tuple[int, int, int
     """(head, tile row, tile column) -> mask, from the layout entry of each sub-block's first
     token pair (a 16 x 16 sub-block lies inside one layout block of 16 or more)."""
     heads, nb, _ = layout.shape
-    n = nb * block // 64
+    n = -(-nb * block // 64)  # a partial last tile counts
     out = {}
     for h in range(heads):
         for r in range(n):
@@ -24,7 +24,8 @@ def expected_tiles(layout: torch.Tensor, block: int) -> dict[tuple[int, int, int
                 for qi in range(4):
                     for ki in range(4):
                         i, j = 64 * r + 16 * qi, 64 * c + 16 * ki
-                        if layout[h, i // block, j // block]:
+                        inside = max(i, j) < nb * block
+                        if inside and layout[h, i // block, j // block]:
                             bits |= 1 << (4 * qi + ki)
                 if bits:
                     out[(h, r, c)] = bits
@@ -61,7 +62,16 @@ def test_coarse_blocks_are_their_own_tiles(block):
     assert tiles.mask is None and tiles.lut is lut_for(layout, block)
 
 
-def test_a_length_off_the_tile_grid_is_refused():
-    layout = torch.ones(1, 5, 5, dtype=torch.long)  # 80 tokens in blocks of 16
-    with pytest.raises(ValueError, match="80 tokens are not a whole number of the fused"):
-        tiles_for(layout, 16)
+@pytest.mark.parametrize("block,tokens", [(16, 80), (16, 208), (32, 96)])
+def test_a_length_off_the_tile_grid_is_padded_with_empty_blocks(block, tokens):
+    """The last tile is partial: its padded sub-blocks have no bit set, so padded queries
+    attend to nothing and padded keys are attended by none."""
+    layout = BigBirdSparsityConfig(2, block, num_random_blocks=1).make_layout(tokens)
+    tiles = tiles_for(layout, block)
+    assert tiles.seq == -(-tokens // 64) * 64 and tiles.mask is not None
+    lut = tiles.lut
+    got = {
+        (int(h), int(r), int(c)): int(m)
+        for h, r, c, m in zip(lut.heads, lut.rows, lut.cols, tiles.mask)
+    }
+    assert got == expected_tiles(layout, block)
