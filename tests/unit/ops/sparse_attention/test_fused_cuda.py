@@ -141,13 +141,13 @@ def test_a_key_padding_mask_runs_fused_and_matches_dense(block, mode, no_unfused
         kp[0, torch.randperm(seq, generator=g)[: seq // 3]] = 0
         bias = torch.zeros(BATCH, seq).masked_fill(kp == 0, float("-inf"))
     else:
-        mode = "add"
         kp = torch.zeros(BATCH, seq)
         kp[1, seq - seq // nb :] = -1e9
         kp[0, torch.randperm(seq, generator=g)[: seq // 3]] = torch.finfo(torch.float32).min
         bias = kp.clamp(min=-1e4)
     config = FixedSparsityConfig(H, block)
-    att = SparseSelfAttention(config, key_padding_mask_mode=mode, max_seq_length=seq)
+    kp_mode = "mul" if mode == "mul" else "add"
+    att = SparseSelfAttention(config, key_padding_mask_mode=kp_mode, max_seq_length=seq)
     att.master_layout = lay  # the layout above, through the module's own path
 
     def fn(q, k, v):

@@ -14,17 +14,29 @@ from deepspeed_ext.ops.sparse_attention import BigBirdSparsityConfig, SparseSelf
 from deepspeed_ext.ops.sparse_attention import kernels as K
 from tests.helpers.compile_parity import assert_compiled_matches_eager
 
+_LIBS: list[torch.library.Library] = []  # kept alive: a dropped Library unregisters its ops
+
+
+def flash_library(name: str, fwd, bwd) -> None:
+    """A library `name` with the CUDA op's flash_fwd/flash_bwd schemas, implemented on CPU by
+    fwd and bwd, with the fused path's autograd."""
+    lib = torch.library.Library(name, "DEF")
+    lib.define(
+        "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale, "
+        "Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor)"
+    )
+    lib.define(
+        "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
+        "int block, float scale, Tensor? tile_mask=None, Tensor? key_bias=None) -> "
+        "(Tensor, Tensor, Tensor)"
+    )
+    lib.impl("flash_fwd", fwd, "CPU")
+    lib.impl("flash_bwd", bwd, "CPU")
+    K.register_flash_autograd(name)
+    _LIBS.append(lib)
+
+
 LIB = "ds_test_stand_in_flash"
-_lib = torch.library.Library(LIB, "DEF")
-_lib.define(
-    "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale, "
-    "Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor)"
-)
-_lib.define(
-    "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
-    "int block, float scale, Tensor? tile_mask=None, Tensor? key_bias=None) -> "
-    "(Tensor, Tensor, Tensor)"
-)
 CALLS: list[str] = []
 ARGS: dict = {}  # flash_fwd's last block, tile mask and key bias
 
@@ -45,8 +57,7 @@ def _bwd(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=None
     return dout * 2, dout * 3, dout * 4  # tells the three gradients apart
 
 
-_lib.impl("flash_fwd", _fwd, "CPU")
-_lib.impl("flash_bwd", _bwd, "CPU")
+flash_library(LIB, _fwd, _bwd)
 
 
 @torch.library.register_fake(f"{LIB}::flash_fwd")
@@ -57,9 +68,6 @@ def _fwd_fake(q, k, v, lut, block, scale, tile_mask=None, key_bias=None):
 @torch.library.register_fake(f"{LIB}::flash_bwd")
 def _bwd_fake(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=None):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-K.register_flash_autograd(LIB)
 
 
 @pytest.fixture
@@ -167,16 +175,6 @@ def test_torch_compile_traces_fine_blocks_with_a_key_padding_mask(stand_in):
 # given (the packed table, the tile mask, the key bias): CPU checks that tiles_for, the
 # padding of a partial last tile and the key bias mean what the unfused ops compute.
 EMU = "ds_test_emulated_flash"
-_emu = torch.library.Library(EMU, "DEF")
-_emu.define(
-    "flash_fwd(Tensor q, Tensor k, Tensor v, Tensor lut, int block, float scale, "
-    "Tensor? tile_mask=None, Tensor? key_bias=None) -> (Tensor, Tensor)"
-)
-_emu.define(
-    "flash_bwd(Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout, Tensor lut, "
-    "int block, float scale, Tensor? tile_mask=None, Tensor? key_bias=None) -> "
-    "(Tensor, Tensor, Tensor)"
-)
 
 
 def _allowed(lut, block, tile_mask, seq):
@@ -216,9 +214,7 @@ def _emu_bwd(q, k, v, o, lse, dout, lut, block, scale, tile_mask=None, key_bias=
         return torch.autograd.grad(out, xs, dout)
 
 
-_emu.impl("flash_fwd", _emu_fwd, "CPU")
-_emu.impl("flash_bwd", _emu_bwd, "CPU")
-K.register_flash_autograd(EMU)
+flash_library(EMU, _emu_fwd, _emu_bwd)
 
 
 @pytest.mark.parametrize("block,seq", [(16, 80), (16, 256), (32, 96)])
