@@ -150,9 +150,11 @@ void Engine::State::finish(Op& op) {
   std::lock_guard<std::mutex> lk(mu);
   --pending;
   ++completed;
+  running.erase(op.id);
   if (op.failed) {
     ++failures;
     if (first_error.empty()) first_error = op.error;
+    failed_ops[op.id] = op.error;
   }
   done_cv.notify_all();
 }
@@ -197,22 +199,41 @@ Engine::~Engine() {
   for (auto& t : s_->workers) t.join();
 }
 
-void Engine::submit(Request req) {
+int64_t Engine::submit(Request req) {
   auto op = std::make_shared<Op>();
   op->req = std::move(req);
   std::vector<Piece> pieces = split(op, s_->piece_bytes);
   op->pieces_left = int64_t(pieces.size());
+  int64_t id = 0;
   {
     std::lock_guard<std::mutex> lk(s_->mu);
+    id = op->id = ++s_->last_id;
     ++s_->pending;
+    s_->running.insert(id);
     for (auto& p : pieces) s_->queue.push_back(std::move(p));
   }
   if (pieces.empty()) {  // cannot happen (split yields >= 1); an op with none would never finish
     op->fail("internal error: no I/O pieces");
     s_->finish(*op);
-    return;
+    return id;
   }
   s_->work_cv.notify_all();
+  return id;
+}
+
+std::string Engine::wait_for(int64_t id) {
+  std::unique_lock<std::mutex> lk(s_->mu);
+  s_->done_cv.wait(lk, [&] { return s_->running.count(id) == 0; });
+  const auto it = s_->failed_ops.find(id);
+  if (it == s_->failed_ops.end()) return "";
+  std::string error = std::move(it->second);
+  s_->failed_ops.erase(it);
+  return error;
+}
+
+int64_t Engine::last_id() const {
+  std::lock_guard<std::mutex> lk(s_->mu);
+  return s_->last_id;
 }
 
 WaitResult Engine::wait() {
@@ -227,6 +248,7 @@ WaitResult Engine::wait() {
   s_->completed = 0;
   s_->failures = 0;
   s_->first_error.clear();
+  s_->failed_ops.clear();
   return r;
 }
 

@@ -78,11 +78,18 @@ class Engine {
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
 
-  // Queues a request and returns at once; errors are reported by wait(). Any thread may
-  // call submit(), wait() and the getters; the backend's threads do the I/O.
-  void submit(Request req);
+  // Queues a request and returns its id (1, 2, ... in submission order) at once; errors
+  // are reported by wait() and wait_for(). Any thread may call submit(), wait(), wait_for()
+  // and the getters; the backend's threads do the I/O.
+  int64_t submit(Request req);
   // Blocks until every submitted request has finished.
   WaitResult wait();
+  // Blocks until request `id` has finished, not the ones submitted after it (a read-ahead
+  // several requests deep hands out its first buffer as soon as that one is read). Returns
+  // its error ("" if none or if wait() already reported it); wait() still reports it too.
+  // An id never returned by submit() is an error of the caller's: the binding checks.
+  std::string wait_for(int64_t id);
+  int64_t last_id() const;  // the id the latest submit() returned, 0 before any
 
   int64_t pending() const;
   int64_t threads() const;  // the ring thread (1) or the pool's threads

@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "aio/aio_engine.h"
@@ -26,6 +28,7 @@ constexpr int64_t kBounceMax = int64_t(4) << 20;  // bytes a bounce copy moves a
 // One request in flight; its pieces share it (see [Note: aio pieces]).
 struct Op {
   Request req;
+  int64_t id = 0;  // Engine::submit's return value
   std::atomic<int64_t> pieces_left{0};
   std::atomic<bool> failed{false};  // pieces not started yet skip their I/O
   std::mutex mu;                    // guards everything below
@@ -59,8 +62,11 @@ struct Engine::State {
   std::condition_variable done_cv;
   std::deque<Piece> queue;
   bool stop = false;
-  int64_t pending = 0;    // submitted requests not finished
-  int64_t completed = 0;  // finished since the last wait()
+  int64_t pending = 0;                                  // submitted requests not finished
+  int64_t last_id = 0;                                  // of the latest request submitted
+  std::unordered_set<int64_t> running;                  // ids of requests not finished
+  std::unordered_map<int64_t, std::string> failed_ops;  // id -> error, until wait()
+  int64_t completed = 0;                                // finished since the last wait()
   int64_t failures = 0;
   std::string first_error;
   std::string buffered_reason;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -123,25 +124,39 @@ class AioHandle : public torch::CustomClassHolder {
   // Returns 0 when async_op, else wait()'s count (upstream's convention).
   int64_t pread(const at::Tensor& buffer, const std::string& filename, bool validate, bool async_op,
                 int64_t file_offset) {
-    constexpr const char* op = "aio_handle.pread";
-    check_buffer(buffer, op);
-    check_file_args(filename, file_offset, op);
-    check_readable(filename, file_offset, int64_t(buffer.nbytes()), op);
-    submit(true, buffer, static_cast<char*>(buffer.mutable_data_ptr()), filename, validate,
-           file_offset);
+    submit_read("aio_handle.pread", buffer, filename, validate, file_offset);
     return async_op ? 0 : wait();
   }
 
   int64_t pwrite(const at::Tensor& buffer, const std::string& filename, bool validate,
                  bool async_op, int64_t file_offset) {
-    constexpr const char* op = "aio_handle.pwrite";
-    check_buffer(buffer, op);
-    check_file_args(filename, file_offset, op);
-    check_writable(filename, op);
-    // The core's buffer pointer is not const; a write never stores through it.
-    char* mem = static_cast<char*>(const_cast<void*>(buffer.const_data_ptr()));
-    submit(false, buffer, mem, filename, validate, file_offset);
+    submit_write("aio_handle.pwrite", buffer, filename, validate, file_offset);
     return async_op ? 0 : wait();
+  }
+
+  // deepspeed_ext's own: an async read or write that returns the request's id, which
+  // wait_op(id) waits for alone (upstream has only wait(), for everything submitted).
+  int64_t submit_pread(const at::Tensor& b, const std::string& f, int64_t off) {
+    return submit_read("aio_handle.submit_pread", b, f, false, off);
+  }
+  int64_t submit_pwrite(const at::Tensor& b, const std::string& f, int64_t off) {
+    return submit_write("aio_handle.submit_pwrite", b, f, false, off);
+  }
+
+  // Blocks until request `id` (from submit_pread/submit_pwrite) has finished, not those
+  // submitted after it; raises its error. Returns 1, the requests it waited for.
+  int64_t wait_op(int64_t id) {
+    TORCH_CHECK(id >= 1 && id <= engine_.last_id(), "aio_handle.wait_op: id=", id,
+                " was not returned by this handle's submit_pread/submit_pwrite (last id ",
+                engine_.last_id(), ")");
+    const std::string error = engine_.wait_for(id);
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      inflight_.erase(id);
+      if (engine_.pending() == 0) inflight_.clear();
+    }
+    TORCH_CHECK(error.empty(), error);
+    return 1;
   }
 
   int64_t sync_pread(const at::Tensor& b, const std::string& f, int64_t off) {
@@ -200,11 +215,31 @@ class AioHandle : public torch::CustomClassHolder {
   }
 
  private:
-  void submit(bool read, const at::Tensor& buffer, char* mem, const std::string& f, bool validate,
-              int64_t off) {
+  int64_t submit_read(const char* op, const at::Tensor& buffer, const std::string& filename,
+                      bool validate, int64_t file_offset) {
+    check_buffer(buffer, op);
+    check_file_args(filename, file_offset, op);
+    check_readable(filename, file_offset, int64_t(buffer.nbytes()), op);
+    return submit(true, buffer, static_cast<char*>(buffer.mutable_data_ptr()), filename, validate,
+                  file_offset);
+  }
+
+  int64_t submit_write(const char* op, const at::Tensor& buffer, const std::string& filename,
+                       bool validate, int64_t file_offset) {
+    check_buffer(buffer, op);
+    check_file_args(filename, file_offset, op);
+    check_writable(filename, op);
+    // The core's buffer pointer is not const; a write never stores through it.
+    char* mem = static_cast<char*>(const_cast<void*>(buffer.const_data_ptr()));
+    return submit(false, buffer, mem, filename, validate, file_offset);
+  }
+
+  int64_t submit(bool read, const at::Tensor& buffer, char* mem, const std::string& f,
+                 bool validate, int64_t off) {
     std::lock_guard<std::mutex> lk(mu_);
-    inflight_.push_back(buffer);  // keeps the memory alive until wait(), whatever Python does
-    engine_.submit({read, f, mem, int64_t(buffer.nbytes()), off, validate});
+    const int64_t id = engine_.submit({read, f, mem, int64_t(buffer.nbytes()), off, validate});
+    inflight_[id] = buffer;  // keeps the memory alive until it is waited for
+    return id;
   }
 
   at::Tensor track(at::Tensor t) {
@@ -214,9 +249,9 @@ class AioHandle : public torch::CustomClassHolder {
   }
 
   std::mutex mu_;  // guards inflight_ and locked_
-  // Buffers of submitted ops. Declared before engine_, so they outlive it: engine_ is
+  // Buffers of submitted ops by id. Declared before engine_, so they outlive it: engine_ is
   // destroyed first and finishes the in-flight I/O into them.
-  std::vector<at::Tensor> inflight_;
+  std::unordered_map<int64_t, at::Tensor> inflight_;
   std::unordered_set<const void*> locked_;  // data pointers from new_cpu_locked_tensor
   ds::aio::Engine engine_;
 };
@@ -263,6 +298,11 @@ TORCH_LIBRARY(ds_async_io, m) {
            {arg("buffer"), arg("filename"), arg("file_offset") = int64_t(0)})
       .def("async_pwrite", &H::async_pwrite, "",
            {arg("buffer"), arg("filename"), arg("file_offset") = int64_t(0)})
+      .def("submit_pread", &H::submit_pread, "",
+           {arg("buffer"), arg("filename"), arg("file_offset") = int64_t(0)})
+      .def("submit_pwrite", &H::submit_pwrite, "",
+           {arg("buffer"), arg("filename"), arg("file_offset") = int64_t(0)})
+      .def("wait_op", &H::wait_op)
       .def("wait", &H::wait)
       .def("new_cpu_locked_tensor", &H::new_cpu_locked_tensor, "",
            {arg("num_elem"), arg("example_tensor")})

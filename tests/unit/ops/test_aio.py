@@ -284,6 +284,44 @@ def test_many_async_ops_then_one_wait(io):
         assert torch.equal(s, b)
 
 
+def test_wait_op_waits_for_its_request_alone(backend, disk_dir):
+    # One piece in flight at a time (queue_depth 1), taken in submission order: the small
+    # read submitted first finishes while the big one behind it has most of its pieces left.
+    h = aio_handle(block_size=BS, queue_depth=1)
+    small, big = _bytes(BS + 1, seed=1), _bytes(512 * BS, seed=2)  # 2 pieces, 512 pieces
+    h.sync_pwrite(small, str(disk_dir / "small"))
+    h.sync_pwrite(big, str(disk_dir / "big"))
+    a, b = torch.empty_like(small), torch.empty_like(big)
+    ia = h.submit_pread(a, str(disk_dir / "small"))
+    ib = h.submit_pread(b, str(disk_dir / "big"))
+    assert ib == ia + 1
+    assert h.wait_op(ia) == 1
+    assert h.pending_ops() == 1  # the big read is still running: wait_op did not wait for it
+    assert torch.equal(a, small)
+    assert h.wait_op(ib) == 1 and torch.equal(b, big)
+    assert h.pending_ops() == 0 and h.wait_op(ia) == 1  # a finished request: at once
+    assert h.wait() == 2  # wait() still counts what finished since the last wait()
+    iw = h.submit_pwrite(small, str(disk_dir / "again"))
+    h.wait()
+    assert h.wait_op(iw) == 1  # waited for by wait() already
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_wait_op_raises_its_own_requests_error(backend, disk_dir):
+    h = aio_handle(block_size=BS)
+    good = h.submit_pwrite(_bytes(10), str(disk_dir / "fine"))
+    bad = h.submit_pwrite(_bytes(3 * BS + 1), "/dev/full")
+    assert h.wait_op(good) == 1  # the other request's failure is not this one's
+    with pytest.raises(RuntimeError, match=r"'/dev/full'.*No space left on device \(errno 28\)"):
+        h.wait_op(bad)
+    with pytest.raises(RuntimeError, match="/dev/full"):
+        h.wait()  # reported to wait() as well: whoever waits for everything hears of it
+    assert h.wait() == 0
+    for wrong in (0, -1, bad + 1):
+        with pytest.raises(RuntimeError, match=rf"wait_op: id={wrong} was not returned"):
+            h.wait_op(wrong)
+
+
 def test_pread_pwrite_with_validate_and_async_flag(io):
     h, d = io
     src, f = _bytes(BS + 5), str(d / "v")
