@@ -73,13 +73,21 @@ def _aio_kwargs(aio: Mapping[str, Any] | None) -> dict[str, Any]:
     return cfg
 
 
+def _copy_back(buf: torch.Tensor, out: torch.Tensor) -> None:
+    """A read staged through `buf` reaches the tensor it was for."""
+    n = out.numel() * out.element_size()
+    out.detach().copy_(buf[:n].view(out.dtype).view(out.shape))
+
+
 class _Reads:
-    """The reads issued on one handle, completed together by one wait."""
+    """The reads issued on one handle: completed all together (wait_reads) or one key at a
+    time (wait_read), so that a read-ahead several shards deep hands out its first shard as
+    soon as that one is read, not when the last one is."""
 
     def __init__(self, handle: AioHandle) -> None:
         self.handle = handle
-        self.keys: set[str] = set()  # keys with a read not yet waited for
-        self.copy_back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (staging, out)
+        self.ops: dict[str, int] = {}  # key -> the id of its read not yet waited for
+        self.copy_back: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # key: (staging, out)
 
 
 @dataclass(frozen=True)
@@ -194,12 +202,11 @@ class NVMeSwapper:
         dst = out.detach()
         if dst.device.type != "cpu" or not dst.is_contiguous():
             buf = self._take(entry.nbytes)
-            lane.copy_back.append((buf, out))
+            lane.copy_back[key] = (buf, out)
             dst = buf[: entry.nbytes]
-        lane.keys.add(key)
-        lane.handle.async_pread(dst, entry.path)
+        lane.ops[key] = lane.handle.submit_pread(dst, entry.path)
         if not async_op:
-            self._wait_reads(lane)
+            self._wait_read(lane, key)
 
     def wait(self) -> None:
         """Completes every async op; raises the first error (naming the file and errno)."""
@@ -214,6 +221,11 @@ class NVMeSwapper:
         issued with swap_in(background=background)."""
         self._wait_reads(self._bg if background else self._reads)
 
+    def wait_read(self, key: str) -> None:
+        """Completes the async read of `key` alone (if one is in flight): reads issued
+        after it may still be running."""
+        self._finish_reads_of(key)
+
     def _background(self) -> _Reads:
         if self._bg is None:
             handle = aio_handle(**self._aio)
@@ -223,21 +235,31 @@ class NVMeSwapper:
 
     def _finish_reads_of(self, key: str) -> None:
         for lane in (self._reads, self._bg):
-            if lane is not None and key in lane.keys:
-                self._wait_reads(lane)
+            if lane is not None and key in lane.ops:
+                self._wait_read(lane, key)
+
+    def _wait_read(self, lane: _Reads, key: str) -> None:
+        op = lane.ops.pop(key)
+        staged = lane.copy_back.pop(key, None)
+        try:
+            lane.handle.wait_op(op)
+            if staged is not None:
+                _copy_back(*staged)
+        finally:
+            if staged is not None:
+                self._give(staged[0])
 
     def _wait_reads(self, lane: _Reads | None) -> None:
-        if lane is None or not lane.keys:
+        if lane is None or not lane.ops:
             return
-        copy_back, lane.copy_back = lane.copy_back, []
-        lane.keys.clear()
+        copy_back, lane.copy_back = lane.copy_back, {}
+        lane.ops.clear()
         try:
             lane.handle.wait()
-            for buf, out in copy_back:
-                n = out.numel() * out.element_size()
-                out.detach().copy_(buf[:n].view(out.dtype).view(out.shape))
+            for staged in copy_back.values():
+                _copy_back(*staged)
         finally:
-            for buf, _ in copy_back:
+            for buf, _ in copy_back.values():
                 self._give(buf)
 
     def wait_writes(self) -> None:

@@ -104,7 +104,8 @@ class ParamSwap:
         """p's file is about to change: a read-ahead of the old value is dropped."""
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
-            self._home(p)[0].wait_reads()
+            swapper, key = self._home(p)
+            swapper.wait_read(key)
             self.pool.give(i)
 
     def attach(self, p: Any) -> None:
@@ -130,7 +131,7 @@ class ParamSwap:
         swapper, key = self._home(p)
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
-            swapper.wait_reads()
+            swapper.wait_read(key)  # not the shards read ahead after it
             self._lent[id(p)] = i
             self.stats["fetched_ahead"] += 1
             return self.pool.view(i, p)

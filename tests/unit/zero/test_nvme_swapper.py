@@ -78,16 +78,37 @@ def test_background_reads_are_waited_for_on_their_own(swapper):
     swapper.swap_in("shard", got_b, async_op=True)
     swapper.wait_reads()
     assert torch.equal(got_b, b)
-    assert swapper._bg.keys == {"state"}, "the foreground wait left the background read alone"
+    assert set(swapper._bg.ops) == {"state"}, "the foreground wait left the background read alone"
     swapper.wait_reads(background=True)
-    assert torch.equal(got_a, a) and not swapper._bg.keys
+    assert torch.equal(got_a, a) and not swapper._bg.ops
     # a write of a key whose background read is in flight waits for that read first
     swapper.swap_in("state", got_a, async_op=True, background=True)
     swapper.swap_out("state", b)
-    assert not swapper._bg.keys
+    assert not swapper._bg.ops
     again = torch.empty_like(b)
     swapper.swap_in("state", again)
     assert torch.equal(again, b)
+
+
+def test_wait_read_completes_one_key_and_leaves_the_rest_in_flight(swapper):
+    """A parameter fetch waits for its own shard's read, not for the read-ahead behind it
+    (the shards after it stay in flight); a staged (non-contiguous) read is copied back by
+    its own wait too."""
+    srcs = {f"s{i}": _rand((64, 33), torch.float32, i) for i in range(4)}
+    for k, t in srcs.items():
+        swapper.swap_out(k, t)
+    outs = {k: torch.empty_like(t) for k, t in srcs.items()}
+    outs["s1"] = torch.empty(33, 64).t()  # not contiguous: staged, copied back at the wait
+    for k, o in outs.items():
+        swapper.swap_in(k, o, async_op=True)
+    swapper.wait_read("s1")
+    assert torch.equal(outs["s1"], srcs["s1"])
+    assert set(swapper._reads.ops) == {"s0", "s2", "s3"}, "only s1's read was waited for"
+    swapper.wait_read("s1")  # nothing in flight for it: a no-op
+    swapper.wait_reads()
+    assert not swapper._reads.ops
+    for k in srcs:
+        assert torch.equal(outs[k], srcs[k]), k
 
 
 def test_non_contiguous_tensors_are_staged(swapper):
