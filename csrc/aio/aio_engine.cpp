@@ -151,11 +151,7 @@ void Engine::State::finish(Op& op) {
   --pending;
   ++completed;
   running.erase(op.id);
-  if (op.failed) {
-    ++failures;
-    if (first_error.empty()) first_error = op.error;
-    failed_ops[op.id] = op.error;
-  }
+  if (op.failed) failed_ops[op.id] = op.error;
   done_cv.notify_all();
 }
 
@@ -207,9 +203,9 @@ int64_t Engine::submit(Request req) {
   int64_t id = 0;
   {
     std::lock_guard<std::mutex> lk(s_->mu);
+    s_->running.insert(s_->last_id + 1);  // first: should it throw, nothing has changed
     id = op->id = ++s_->last_id;
     ++s_->pending;
-    s_->running.insert(id);
     for (auto& p : pieces) s_->queue.push_back(std::move(p));
   }
   if (pieces.empty()) {  // cannot happen (split yields >= 1); an op with none would never finish
@@ -241,13 +237,12 @@ WaitResult Engine::wait() {
   s_->done_cv.wait(lk, [&] { return s_->pending == 0; });
   WaitResult r;
   r.completed = s_->completed;
-  r.error = s_->first_error;
-  if (s_->failures > 1) {
-    r.error += " (and " + std::to_string(s_->failures - 1) + " more failed requests)";
+  if (!s_->failed_ops.empty()) {
+    r.error = s_->failed_ops.begin()->second;
+    const size_t more = s_->failed_ops.size() - 1;
+    if (more > 0) r.error += " (and " + std::to_string(more) + " more failed requests)";
   }
   s_->completed = 0;
-  s_->failures = 0;
-  s_->first_error.clear();
   s_->failed_ops.clear();
   return r;
 }

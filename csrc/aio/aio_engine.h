@@ -68,7 +68,7 @@ struct Request {
 
 struct WaitResult {
   int64_t completed = 0;  // requests finished since the previous wait(), failed ones included
-  std::string error;      // the first failure (names the file and the errno), "" if none
+  std::string error;      // the earliest failure not yet reported (file and errno), or ""
 };
 
 class Engine {
@@ -86,7 +86,8 @@ class Engine {
   WaitResult wait();
   // Blocks until request `id` has finished, not the ones submitted after it (a read-ahead
   // several requests deep hands out its first buffer as soon as that one is read). Returns
-  // its error ("" if none or if wait() already reported it); wait() still reports it too.
+  // its error ("" if none or if wait() already reported it), which wait() then leaves out:
+  // each failure is reported once, to whoever waits for it first.
   // An id never returned by submit() is an error of the caller's: the binding checks.
   std::string wait_for(int64_t id);
   int64_t last_id() const;  // the id the latest submit() returned, 0 before any

@@ -7,11 +7,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -62,13 +62,13 @@ struct Engine::State {
   std::condition_variable done_cv;
   std::deque<Piece> queue;
   bool stop = false;
-  int64_t pending = 0;                                  // submitted requests not finished
-  int64_t last_id = 0;                                  // of the latest request submitted
-  std::unordered_set<int64_t> running;                  // ids of requests not finished
-  std::unordered_map<int64_t, std::string> failed_ops;  // id -> error, until wait()
-  int64_t completed = 0;                                // finished since the last wait()
-  int64_t failures = 0;
-  std::string first_error;
+  int64_t pending = 0;                  // submitted requests not finished
+  int64_t last_id = 0;                  // of the latest request submitted
+  int64_t completed = 0;                // finished since the last wait()
+  std::unordered_set<int64_t> running;  // ids of requests not finished
+  // id -> error of each failed request not yet reported: by wait_for(id) (its own), or by
+  // wait() (the lowest id's, and how many more)
+  std::map<int64_t, std::string> failed_ops;
   std::string buffered_reason;
   std::string backend = "threads";
   std::string backend_reason;

@@ -237,9 +237,18 @@ class AioHandle : public torch::CustomClassHolder {
   int64_t submit(bool read, const at::Tensor& buffer, char* mem, const std::string& f,
                  bool validate, int64_t off) {
     std::lock_guard<std::mutex> lk(mu_);
-    const int64_t id = engine_.submit({read, f, mem, int64_t(buffer.nbytes()), off, validate});
-    inflight_[id] = buffer;  // keeps the memory alive until it is waited for
-    return id;
+    // Kept alive until waited for; entered first, as the I/O may start at once. Every submit
+    // goes through here under mu_, so the engine's next id is last_id() + 1.
+    const int64_t next = engine_.last_id() + 1;
+    inflight_[next] = buffer;
+    try {
+      const int64_t id = engine_.submit({read, f, mem, int64_t(buffer.nbytes()), off, validate});
+      TORCH_INTERNAL_ASSERT(id == next, "aio_handle: request id ", id, ", expected ", next);
+      return id;
+    } catch (...) {
+      inflight_.erase(next);
+      throw;
+    }
   }
 
   at::Tensor track(at::Tensor t) {

@@ -199,12 +199,18 @@ class NVMeSwapper:
             self.wait_writes()
         self._finish_reads_of(key)
         lane = self._background() if background else self._reads
-        dst = out.detach()
+        dst, buf = out.detach(), None
         if dst.device.type != "cpu" or not dst.is_contiguous():
             buf = self._take(entry.nbytes)
-            lane.copy_back[key] = (buf, out)
             dst = buf[: entry.nbytes]
-        lane.ops[key] = lane.handle.submit_pread(dst, entry.path)
+        try:
+            lane.ops[key] = lane.handle.submit_pread(dst, entry.path)
+        except BaseException:  # never queued: nothing to copy back
+            if buf is not None:
+                self._give(buf)
+            raise
+        if buf is not None:
+            lane.copy_back[key] = (buf, out)
         if not async_op:
             self._wait_read(lane, key)
 

@@ -288,7 +288,7 @@ def test_wait_op_waits_for_its_request_alone(backend, disk_dir):
     # One piece in flight at a time (queue_depth 1), taken in submission order: the small
     # read submitted first finishes while the big one behind it has most of its pieces left.
     h = aio_handle(block_size=BS, queue_depth=1)
-    small, big = _bytes(BS + 1, seed=1), _bytes(512 * BS, seed=2)  # 2 pieces, 512 pieces
+    small, big = _bytes(BS + 1, seed=1), _bytes(1024 * BS, seed=2)  # 2 pieces, 1024 pieces
     h.sync_pwrite(small, str(disk_dir / "small"))
     h.sync_pwrite(big, str(disk_dir / "big"))
     a, b = torch.empty_like(small), torch.empty_like(big)
@@ -314,10 +314,12 @@ def test_wait_op_raises_its_own_requests_error(backend, disk_dir):
     assert h.wait_op(good) == 1  # the other request's failure is not this one's
     with pytest.raises(RuntimeError, match=r"'/dev/full'.*No space left on device \(errno 28\)"):
         h.wait_op(bad)
+    assert h.wait() == 2  # each failure is reported once: wait_op(bad) took it
+    again = h.submit_pwrite(_bytes(10), "/dev/full")
     with pytest.raises(RuntimeError, match="/dev/full"):
-        h.wait()  # reported to wait() as well: whoever waits for everything hears of it
-    assert h.wait() == 0
-    for wrong in (0, -1, bad + 1):
+        h.wait()  # a failure nobody waited for alone goes to wait()
+    assert h.wait_op(again) == 1  # ... and only once
+    for wrong in (0, -1, again + 1):
         with pytest.raises(RuntimeError, match=rf"wait_op: id={wrong} was not returned"):
             h.wait_op(wrong)
 

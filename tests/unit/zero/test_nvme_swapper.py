@@ -111,6 +111,17 @@ def test_wait_read_completes_one_key_and_leaves_the_rest_in_flight(swapper):
         assert torch.equal(outs[k], srcs[k]), k
 
 
+def test_a_read_that_cannot_start_leaves_nothing_staged(swapper):
+    src = _rand((40, 30), torch.float32)
+    swapper.swap_out("w", src)
+    os.unlink(swapper._entries["w"].path)  # gone behind the swapper's back
+    pooled = len(swapper._pool)
+    with pytest.raises(RuntimeError, match="No such file"):
+        swapper.swap_in("w", torch.empty(30, 40).t(), async_op=True)  # staged: not contiguous
+    assert not swapper._reads.copy_back and not swapper._reads.ops
+    assert len(swapper._pool) == pooled + 1  # its staging buffer went back
+
+
 def test_non_contiguous_tensors_are_staged(swapper):
     src = _rand((300, 70), torch.float32).t()  # (70, 300), not contiguous
     swapper.swap_out("w", src, async_op=True)
