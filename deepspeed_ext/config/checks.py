@@ -53,6 +53,25 @@ def _offload(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
         out.append("zero_optimization.offload_optimizer.ratio < 1 (partial offload) needs stage 3")
     if opt is not None and opt.step_in_backward:
         out += _step_in_backward(cfg, opt.device, autos)
+    if opt is not None and opt.step_in_forward:
+        out += _step_in_forward(opt.device, opt.step_in_backward)
+    return out
+
+
+def _step_in_forward(device: str, in_backward: bool) -> list[str]:
+    """[Note: optimizer steps in forward]"""
+    key = "zero_optimization.offload_optimizer.step_in_forward"
+    out = []
+    if device != "nvme":
+        out.append(
+            f"{key} overlaps NVMe reads and writes with the next forward, but "
+            f'offload_optimizer.device is "{device}": set it to "nvme", or remove {key}'
+        )
+    if in_backward:
+        out.append(
+            f"{key} and offload_optimizer.step_in_backward both move the optimizer step out "
+            "of engine.step(): keep one (step_in_backward needs no gradient clipping)"
+        )
     return out
 
 

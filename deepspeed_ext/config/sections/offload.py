@@ -37,6 +37,9 @@ class OffloadOptimizerConfig(Section):
     # A deepspeed_ext key: NVMe state steps during the backward ([Note: optimizer steps in
     # backward]); refused with clipping and overflow checks (checks.py).
     step_in_backward: Bool = False
+    # A deepspeed_ext key: NVMe state steps in the next forward, each sub-group before its
+    # parameters' first gather ([Note: optimizer steps in forward]); NVMe only (checks.py).
+    step_in_forward: Bool = False
     fast_init: Bool = False
     # Fraction of the optimizer step done on CPU; below 1.0 only with stage 3 (checks.py).
     ratio: Float = Field(default=1.0, ge=0.0, le=1.0)

@@ -76,7 +76,10 @@ class ParamSwap:
         self._lent: dict[int, int] = {}  # id(param) -> pool buffer fetch() handed out
         # id(param) -> (swapper, key) of a file another owner keeps: the master's
         self._homes: dict[int, tuple[NVMeSwapper, str]] = {}
-        self.stats = {"read_ahead": 0, "fetched_ahead": 0, "fetched_cold": 0}
+        # id(param) -> its new value in memory while the file is being written
+        self._fresh: dict[int, torch.Tensor] = {}
+        self._claimed: set[int] = set()  # fresh values a read-ahead counted on: kept for fetch
+        self.stats = {"read_ahead": 0, "fetched_ahead": 0, "fetched_cold": 0, "fetched_fresh": 0}
 
     @staticmethod
     def _key(p: Any) -> str:
@@ -100,8 +103,22 @@ class ParamSwap:
     def shares(self, p: Any) -> bool:
         return id(p) in self._homes
 
+    def hand_over(self, p: Any, value: torch.Tensor) -> None:
+        """p's new value, in memory while its file (shared: [Note: one file for a shard and
+        its master]) is written: a fetch takes it instead of waiting for the write to end.
+        The owner calls forget() once the write is done; a value read_ahead() counted on
+        stays until fetched (as a read-ahead buffer would)."""
+        self.stale(p)
+        self._fresh[id(p)] = value
+
+    def forget(self, p: Any) -> None:
+        if id(p) not in self._claimed:
+            self._fresh.pop(id(p), None)
+
     def stale(self, p: Any) -> None:
         """p's file is about to change: a read-ahead of the old value is dropped."""
+        self._fresh.pop(id(p), None)
+        self._claimed.discard(id(p))
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
             swapper, key = self._home(p)
@@ -117,6 +134,13 @@ class ParamSwap:
         """Start reading p's shard into a pool buffer; False when no buffer is free."""
         if id(p) in self._ahead or id(p) in self._lent:
             return True
+        if p.ds_step_pending is not None:
+            # [Note: optimizer steps in forward]: its step, at its gather, gives its value
+            # from memory; the walk stops here so that it does not run every step at once
+            return False
+        if id(p) in self._fresh:
+            self._claimed.add(id(p))
+            return True
         i = self.pool.take() if self.pool is not None else None
         if i is None:
             return False
@@ -128,6 +152,11 @@ class ParamSwap:
         return True
 
     def fetch(self, p: Any) -> torch.Tensor:
+        fresh = self._fresh.pop(id(p), None)
+        self._claimed.discard(id(p))
+        if fresh is not None:  # the caller copies it (a gather's send buffer)
+            self.stats["fetched_fresh"] += 1
+            return fresh
         swapper, key = self._home(p)
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
@@ -285,37 +314,61 @@ class OptimizerSwap:
             self._swap_in(i, self.params[i].ds_shard_numel, background)
 
     @torch.no_grad()
-    def _step_only(self, sub: list[int], grad_of: Callable[[int], torch.Tensor]) -> None:
+    def _step_only(
+        self,
+        sub: list[int],
+        grad_of: Callable[[int], torch.Tensor],
+        hyper: list[dict[str, Any]] | None = None,
+    ) -> None:
         """optimizer.step() on the masters of `sub` alone (in memory), master i getting
         grad_of(i) (a master's grad must match its size, so it is attached once swapped in);
-        their new values go to the shards. The caller swaps them out."""
+        their new values go to the shards. The caller swaps them out. `hyper` (one dict per
+        param group) stands in for the groups' hyperparameters during this step: those of an
+        engine.step() whose update runs later ([Note: optimizer steps in forward])."""
         opt = self.optimizer
         all_params = [list(g["params"]) for g in opt.param_groups]
         for i in sub:
             self.masters[i].grad = grad_of(i)
         chosen = {id(self.masters[i]) for i in sub}
+        saved = [{k: g[k] for k in h if k in g} for g, h in zip(opt.param_groups, hyper or [])]
         try:
             for g, ps in zip(opt.param_groups, all_params):
                 g["params"] = [m for m in ps if id(m) in chosen]
+            for g, h in zip(opt.param_groups, hyper or []):
+                g.update(h)
             opt.step()
         finally:
             for g, ps in zip(opt.param_groups, all_params):
                 g["params"] = ps
+            for g, h, old in zip(opt.param_groups, hyper or [], saved):
+                # a value the step itself changed (a counter kept in the group) is kept
+                g.update({k: v for k, v in old.items() if g.get(k) is h[k]})
         for i in sub:
             self.masters[i].grad = None
             self._store_shard(i)
 
     def step_and_write(
-        self, sub: list[int], written: list[int], grad_of: Callable[[int], torch.Tensor]
+        self,
+        sub: list[int],
+        written: list[int],
+        grad_of: Callable[[int], torch.Tensor],
+        hyper: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Steps `sub` (in memory), then completes the writes of `written` (which overlapped
         the step) and frees them, and starts writing `sub`: returns what is being written."""
-        self._step_only(sub, grad_of)
+        self._step_only(sub, grad_of, hyper)
         self.swapper.wait_writes()
         self.drop_group(written)
         for i in sub:
             self._swap_out(i)
         return list(sub)
+
+    def wait_group(self, sub: list[int]) -> None:
+        """Completes the reads of `sub` alone (read_group), not those queued after them."""
+        for i in sub:
+            self.swapper.wait_read(f"master{i}")
+            for k in self._state_tensors(self.masters[i]):
+                self.swapper.wait_read(f"master{i}.{k}")
 
     def drop_group(self, sub: list[int]) -> None:
         for i in sub:

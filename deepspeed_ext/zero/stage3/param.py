@@ -88,6 +88,9 @@ def convert(
     p.ds_tensor = own_slice(full.reshape(-1), rank, world).to(shard_device)  # type: ignore[attr-defined]
     p.ds_shard_numel = p.ds_tensor.numel()  # type: ignore[attr-defined]  # S, even when swapped out
     p.ds_swap = None  # type: ignore[attr-defined]  # the NVMe swapper holding the shard, if any
+    # called before the shard is read while its optimizer step is deferred ([Note: optimizer
+    # steps in forward])
+    p.ds_step_pending = None  # type: ignore[attr-defined]
     p.ds_device = compute_device  # type: ignore[attr-defined]  # where the full value lives
     p.ds_active = 0  # type: ignore[attr-defined]  # open forwards and gathers using it
     p.ds_handle = None  # type: ignore[attr-defined]  # the all-gather in flight, if INFLIGHT
@@ -109,6 +112,8 @@ def convert(
 
 def read_shard(p: Any) -> torch.Tensor:
     """This rank's shard [S]; read back from NVMe when it was swapped out."""
+    if p.ds_step_pending is not None:
+        p.ds_step_pending(p)
     return p.ds_swap.fetch(p) if p.ds_swap is not None else p.ds_tensor
 
 

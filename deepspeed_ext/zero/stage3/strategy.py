@@ -62,6 +62,8 @@ class Stage3Options:
         self.pipeline_write = bool(getattr(opt, "pipeline_write", False))
         # [Note: optimizer steps in backward]
         self.step_in_backward = bool(getattr(opt, "step_in_backward", False))
+        # [Note: optimizer steps in forward]
+        self.step_in_forward = bool(getattr(opt, "step_in_forward", False))
         self.sub_group_numel = int(zero_cfg.sub_group_size)
         self.leaf_module = zero_cfg.leaf_module
         self.allowed_types = zero_cfg.zero_allowed_param_types
@@ -87,6 +89,7 @@ class Stage3Strategy:
         self.swappers: list[Any] = []
         self.optimizer_swap: Any = None
         self.backward_steps: Any = None  # [Note: optimizer steps in backward]
+        self.forward_steps: Any = None  # [Note: optimizer steps in forward]
         if options.param_offload == "nvme":
             self._params_to_nvme()
         self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
@@ -198,6 +201,7 @@ class Stage3Strategy:
         """Tensors whose storages hold one kind of state ([Note: offloading states]): this
         rank's parameter shards and the parameters kept whole; the fp32 masters; the
         gradient shards; the bucket pool (empty between steps)."""
+        self.settle()
         params: list[Any] = list(self.module.parameters())
         masters: list[Any] = list(self.masters.values())
         if kind == "lp_params":
@@ -229,35 +233,63 @@ class Stage3Strategy:
         )
         if o.step_in_backward:
             self._steps_in_backward()
+        if o.step_in_forward:
+            self._steps_in_forward()
+
+    def _check_sub_groups(self, key: str, when: str) -> None:
+        """Early steps need sub-groups smaller than this rank's masters."""
+        total = sum(p.ds_shard_numel for p in self.trainable)
+        if self.options.sub_group_numel >= total:
+            raise ValueError(
+                f"zero_optimization.offload_optimizer.{key} steps sub-groups of "
+                f"zero_optimization.sub_group_size={self.options.sub_group_numel} elements "
+                f"{when}, but this rank's masters hold {total} in all, so they would all step "
+                f"at once: set sub_group_size to about {max(1, total // 8)} (an eighth of "
+                f"them) or remove {key}"
+            )
+
+    def _steps_in_forward(self) -> None:
+        """[Note: optimizer steps in forward]: persistent parameters (never read from their
+        shards) step in engine.step()."""
+        from .nvme_forward import ForwardSteps
+
+        self._check_sub_groups("step_in_forward", "as the next forward reaches them")
+        self._eager = frozenset(i for i, p in enumerate(self.trainable) if p.ds_persist)
+        self.forward_steps = ForwardSteps(self.optimizer_swap)
+
+    def settle(self) -> None:
+        """Deferred optimizer steps done before anything else reads what they change."""
+        if self.forward_steps is not None:
+            self.forward_steps.settle()
 
     def _steps_in_backward(self) -> None:
         """[Note: optimizer steps in backward]: sub-groups smaller than this rank's masters,
         so that some step before the backward ends; tied parameters step last."""
         from .nvme_backward import BackwardSteps
 
-        total = sum(p.ds_shard_numel for p in self.trainable)
-        if self.options.sub_group_numel >= total:
-            raise ValueError(
-                "zero_optimization.offload_optimizer.step_in_backward steps sub-groups of "
-                f"zero_optimization.sub_group_size={self.options.sub_group_numel} elements "
-                f"during the backward, but this rank's masters hold {total} in all, so none "
-                f"would step before it ends: set sub_group_size to about {max(1, total // 8)} "
-                "(an eighth of them) or remove step_in_backward"
-            )
+        self._check_sub_groups("step_in_backward", "during the backward")
         shared = shared_param_ids(list(self.module.modules()))
         late = {i for i, p in enumerate(self.trainable) if id(p) in shared}
         self._index = {id(p): i for i, p in enumerate(self.trainable)}
         self.backward_steps = BackwardSteps(self.optimizer_swap, late)
 
     def optimizer_step(self, optimizer: Any) -> None:
-        if self.optimizer_swap is not None:  # also writes the new values into the shards
-            done: frozenset[int] = frozenset()
-            steps = self.backward_steps
-            if steps is not None and steps.open:
-                done = steps.finish(self._grad_at)
-            self.optimizer_swap.step(self._grad_at, skip=done)
-        else:
+        swap = self.optimizer_swap
+        if swap is None:
             optimizer.step()
+            return
+        # the swapped step also writes the new values into the shards
+        self.settle()
+        done: frozenset[int] = frozenset()
+        steps = self.backward_steps
+        if steps is not None and steps.open:
+            done = steps.finish(self._grad_at)
+        if self.forward_steps is not None:
+            everything = frozenset(range(len(self.trainable)))
+            swap.step(self._grad_at, skip=everything - self._eager)
+            self.forward_steps.defer(self._grad_at, skip=self._eager)
+        else:
+            swap.step(self._grad_at, skip=done)
 
     def _grad_at(self, i: int) -> torch.Tensor:
         return self._grad_for(self.trainable[i])
@@ -268,6 +300,7 @@ class Stage3Strategy:
 
     def resident_optimizer(self) -> Any:
         """A context in which the optimizer's state is all in memory (checkpoints)."""
+        self.settle()
         import contextlib
 
         swap = self.optimizer_swap
@@ -344,6 +377,7 @@ class Stage3Strategy:
                 "every micro-step so that no rank keeps a full copy; use stage 0 or 1"
             )
         self._engine_backward = True
+        self.settle()
         steps = self.backward_steps
         if steps is None:
             return
@@ -373,6 +407,7 @@ class Stage3Strategy:
 
     def begin_pass(self) -> None:
         """A backward pass is running (called from its hooks): arm the end callback."""
+        self.settle()
         self._in_backward = True
         self.end.arm()
 
@@ -420,11 +455,16 @@ class Stage3Strategy:
 
     def after_load(self) -> None:
         """Shards were loaded: gathered copies are stale."""
+        self.settle()
         release_params(self.module.parameters(), force=True)
         self._refresh_persistent(trainable_only=False)
 
     def zero_grads(self) -> None:
-        self.reducer.zero()
+        fwd = self.forward_steps
+        if fwd is not None and fwd.pending and self.reducer.resident:
+            fwd.after_settle = self.reducer.zero  # pending updates read them in place
+        else:  # a pending update keeps its own reference to each partition
+            self.reducer.zero()
 
     # -- [Note: param fragments]: a param's shard of every rank --
     def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
@@ -443,6 +483,7 @@ class Stage3Strategy:
     @torch.no_grad()
     def write_model_param(self, p: Any, value: torch.Tensor) -> None:
         """This rank's shard of the 16-bit (model) parameter, and the whole if gathered."""
+        self.settle()
         s = p.ds_shard_numel
         flat = value.detach().reshape(-1)
         shard = torch.zeros(s, dtype=p.dtype, device=p.ds_tensor.device)
@@ -457,6 +498,7 @@ class Stage3Strategy:
         release_params(self.module.parameters())
 
     def remove_hooks(self) -> None:
+        self.settle()  # the swappers' I/O in flight finishes before they close
         for s in self.swappers:
             s.close()
         self.hooks.remove()
@@ -477,18 +519,22 @@ class Stage3Strategy:
     # -- checkpoints ([Note: stage-3 checkpoint]) --
     def model_state(self, optimizer: Any, exclude_frozen: bool) -> dict[str, Any]:
         """Buffers and the parameter table; every parameter value is in the rank files."""
+        self.settle()
         return {
             "module": checkpoint.module_buffers(self.module),
             "zero3_params": checkpoint.param_table(self.module),
         }
 
     def rank_state(self, optimizer: Any) -> dict[str, Any] | None:
+        self.settle()
         return checkpoint.rank_payload(self, optimizer)
 
     def load_model_state(self, state: dict[str, Any], strict: bool, files: RankFiles) -> None:
+        self.settle()
         checkpoint.load_weights(self, state, files)
 
     def load_optimizer_state(self, optimizer: Any, state: dict[str, Any], files: RankFiles) -> None:
+        self.settle()
         checkpoint.load_optimizer(self, optimizer, state, files)
 
     # -- checkpoint pieces (by parameter name) --
@@ -500,6 +546,7 @@ class Stage3Strategy:
 
     @torch.no_grad()
     def sync_masters_from_model(self) -> None:
+        self.settle()
         for p in self.trainable:
             self.masters[id(p)].copy_(read_shard(p))
 
@@ -507,6 +554,7 @@ class Stage3Strategy:
     def gathered_state_dict(self, exclude_frozen: bool = False) -> dict[str, torch.Tensor] | None:
         """The full state dict on rank 0 (None elsewhere), gathering one module at a time;
         every rank must call it. Tied parameters appear under each of their names."""
+        self.settle()
         from .gathered import GatheredParameters
 
         out: dict[str, torch.Tensor] = {}

@@ -98,3 +98,21 @@ def test_step_in_backward_clashes_are_named(cfg, message):
 def test_step_in_backward_passes_without_clashes():
     parse(_early())
     parse(_early(bf16={"enabled": True, "check_grad_overflow": False}))
+
+
+def _late(opt_device: str = "nvme", **opt) -> dict:
+    nvme = {"device": opt_device, "nvme_path": "/nvme", "step_in_forward": True, **opt}
+    return {"zero_optimization": {"stage": 3, "offload_optimizer": nvme}}
+
+
+def test_step_in_forward_clashes_are_named():
+    """[Note: optimizer steps in forward]: NVMe only, and not with step_in_backward."""
+    with pytest.raises(ConfigError, match=r'step_in_forward .*"cpu": set it to "nvme"'):
+        parse(_late("cpu"))
+    with pytest.raises(ConfigError, match=r"step_in_forward and .*step_in_backward .*keep one"):
+        parse({**_late(step_in_backward=True), "gradient_clipping": 0.0})
+
+
+def test_step_in_forward_takes_clipping_and_fp16():
+    """Unlike step_in_backward: engine.step() clips and checks overflow before deferring."""
+    parse({**_late(), "gradient_clipping": 1.0, "fp16": {"enabled": True}})

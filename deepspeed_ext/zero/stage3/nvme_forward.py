@@ -1,0 +1,139 @@
+"""Optimizer steps deferred into the next forward, for optimizer state on NVMe.
+
+[Note: optimizer steps in forward]
+offload_optimizer.step_in_forward (a deepspeed_ext key; NVMe only): engine.step() does what
+needs every gradient -- the global norm, the overflow check, clipping, the loss-scale
+update -- and then, instead of reading, updating and writing every sub-group of optimizer
+state while nothing else runs, leaves the updates pending. A sub-group steps when one of its
+parameters' shards is first read (a gather or a read-ahead: read_shard and ParamSwap look at
+`ds_step_pending`), so in the next forward each sub-group steps just before its layers
+gather, and its state's reads and writes overlap the compute of the layers before and after.
+Unlike [Note: optimizer steps in backward], this works with gradient clipping, fp16 and
+overflow checks, which are all decided before anything is deferred.
+- Exact: each sub-group steps once with the gradients (already clipped and unscaled) and
+  the hyperparameters of its engine.step(), snapshotted before the LR scheduler moves; the
+  gradient partitions are kept (the reducer starts new ones) until their sub-group steps.
+- One sub-group is read ahead, the next pending one in order after the last stepped; one is
+  being written while the next steps: at most three in memory, as with pipelined swapping.
+- A gather right after its sub-group stepped would wait for the write of the master's file
+  when that file is also the shard's ([Note: one file for a shard and its master]): the new
+  value is handed to the shard's ParamSwap, which gives it out from memory until the write
+  is done (or, when a read-ahead counted on it, until that gather). The shard read-ahead
+  stops at a parameter whose update is pending: reading it would step its sub-group early,
+  and the walk would step them all at the forward's first gather.
+- Whatever else reads the parameters, masters or optimizer state settles every pending
+  update first (Stage3Strategy.settle): the next backward, the next engine.step(), checkpoint
+  save and load, the 16-bit and fp32 state dicts, offload_states, and engine.destroy().
+- Persistent parameters (kept gathered, never read from their shards) step in engine.step().
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .nvme import OptimizerSwap
+
+
+class ForwardSteps:
+    def __init__(self, swap: OptimizerSwap) -> None:
+        self.swap = swap
+        self.index = {id(p): i for i, p in enumerate(swap.params)}
+        self._subs: list[list[int]] = []  # this step's sub-groups, by position
+        self._left: list[int] = []  # positions not stepped yet, in order
+        self._pos: dict[int, int] = {}  # master index -> position of its pending sub-group
+        self._grads: dict[int, torch.Tensor] = {}
+        self._hyper: list[dict[str, Any]] = []
+        self._reading: int | None = None  # position being read ahead (background lane)
+        self._writing: list[int] = []
+        self.after_settle: Callable[[], None] | None = None  # once nothing is pending
+        # sub-groups stepped when a shard was read, and by settle() (nothing read them first)
+        swap.stats.setdefault("stepped_in_forward", 0)
+        swap.stats.setdefault("stepped_at_settle", 0)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._left) or bool(self._writing) or self.after_settle is not None
+
+    def defer(self, grad_of: Callable[[int], torch.Tensor], skip: frozenset[int]) -> None:
+        """engine.step(): every master not in `skip` (which the caller steps now) steps later,
+        with grad_of(i) and the optimizer's hyperparameters as they are now."""
+        self.settle()
+        opt = self.swap.optimizer
+        self._hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        self._subs = list(self.swap._sub_groups(skip))
+        self._left = list(range(len(self._subs)))
+        for pos, sub in enumerate(self._subs):
+            for i in sub:
+                self._pos[i] = pos
+                self._grads[i] = grad_of(i)
+                self.swap.params[i].ds_step_pending = self.before_read
+        self._read_ahead(-1)
+
+    def before_read(self, p: Any) -> None:
+        """p's shard is about to be read: its sub-group steps first."""
+        pos = self._pos.get(self.index[id(p)])
+        if pos is not None:
+            self._run(pos)
+            self.swap.stats["stepped_in_forward"] += 1
+
+    def settle(self) -> None:
+        """Every pending update done and written; then after_settle (the deferred zeroing
+        of gradient partitions a resident reducer reuses)."""
+        if not self.pending:
+            return
+        while self._left:
+            self._run(self._left[0])
+            self.swap.stats["stepped_at_settle"] += 1
+        self._forget(self._writing)
+        self.swap.swapper.wait_writes()
+        self.swap.drop_group(self._writing)
+        self._writing = []
+        if self.after_settle is not None:
+            done, self.after_settle = self.after_settle, None
+            done()
+
+    def _hand_over(self, sub: list[int]) -> None:
+        """A shard whose file is its master's (being written) is gathered from the master in
+        memory: the gather right after this step does not wait for the write."""
+        for i in sub:
+            p = self.swap.params[i]
+            if p.ds_swap is not None and p.ds_swap.shares(p):
+                p.ds_swap.hand_over(p, self.swap.masters[i].data)
+
+    def _forget(self, sub: list[int]) -> None:
+        for i in sub:
+            p = self.swap.params[i]
+            if p.ds_swap is not None:
+                p.ds_swap.forget(p)
+
+    def _read_ahead(self, after: int) -> None:
+        """Unless one is being read, starts reading the next pending sub-group in order
+        after position `after` (the forward's order), else the first. Reading two ahead
+        measured no faster: the forward is then disk-bound (docs/benchmarks.md)."""
+        if self._reading is not None or not self._left:
+            return
+        later = [q for q in self._left if q > after]
+        self._reading = later[0] if later else self._left[0]
+        self.swap.read_group(self._subs[self._reading], background=True)
+
+    def _run(self, pos: int) -> None:
+        sub = self._subs[pos]
+        for i in sub:  # before anything below reads a shard of this sub-group
+            self.swap.params[i].ds_step_pending = None
+            del self._pos[i]
+        self._left.remove(pos)
+        if self._reading == pos:
+            self._reading = None
+        else:  # gathered out of the expected order: read now, the read-ahead stays in flight
+            self.swap.read_group(sub)
+        self.swap.wait_group(sub)
+        grads = self._grads.__getitem__
+        self._forget(self._writing)  # step_and_write completes their writes
+        self._writing = self.swap.step_and_write(sub, self._writing, grads, self._hyper)
+        self._hand_over(sub)
+        for i in sub:
+            del self._grads[i]
+        self._read_ahead(pos)

@@ -1,0 +1,165 @@
+"""offload_optimizer.step_in_forward ([Note: optimizer steps in forward]): the NVMe optimizer
+updates of an engine.step() run in the next forward, each sub-group just before its
+parameters are first read. Every result must be the one of the step run in engine.step(),
+bit for bit, with gradient clipping, an LR schedule that moves every step, gradient
+accumulation, persistent parameters, and a checkpoint saved while updates are pending."""
+
+import os
+from typing import Any
+
+import torch
+
+from tests.helpers.distributed import run_ranks
+
+WATCHED = "blocks.0.qkv.weight"
+
+
+def _engine(path: str, forward: bool) -> Any:
+    from deepspeed_ext.runtime.initialize import initialize
+    from examples.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, seq_len=16, n_layer=2, n_head=2, d_model=32))
+    nvme = {"device": "nvme", "nvme_path": path}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "gradient_clipping": 0.05,  # below every step's norm here: each step is clipped
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 5},
+        },
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": 2000,
+            "stage3_param_persistence_threshold": 32,  # the LayerNorms stay gathered
+            "sub_group_size": 1500,
+            "offload_param": {**nvme, "max_in_cpu": 0},
+            "offload_optimizer": {**nvme, "step_in_forward": forward},
+        },
+        "steps_per_print": 1000,
+    }
+    engine, _, _, _ = initialize(model=model, config=cfg)
+    return engine
+
+
+def _micro_steps(engine: Any, step: int, resident: bool = False) -> float:
+    rank = int(os.environ["RANK"])
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    loss = torch.zeros(())
+    for _ in range(2):
+        idx = torch.randint(0, 32, (2, 17), generator=g)
+        loss = engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
+        engine.backward(loss)
+        if resident:  # partitions kept and zeroed in place, as with a GPU model
+            engine.strategy.reducer.resident = True
+        engine.step()
+    return float(loss.detach())
+
+
+def _watched(engine: Any) -> torch.Tensor:
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    p = dict(engine.module.named_parameters())[WATCHED]
+    with GatheredParameters([p]):
+        return p.detach().clone()
+
+
+def _all(engine: Any) -> dict[str, torch.Tensor]:
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    with GatheredParameters(list(engine.module.parameters())):
+        return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+
+def _job(path: str, ckpt: str, forward: bool, resident: bool) -> dict:
+    engine = _engine(os.path.join(path, "run"), forward)
+    out: dict[str, Any] = {"losses": [], "watched": [], "norms": [], "lrs": []}
+    for step in range(3):
+        out["losses"].append(_micro_steps(engine, step, resident))
+        out["norms"].append(engine.get_global_grad_norm())
+        out["lrs"].append(engine.get_lr()[0])
+        if step == 0:  # read right after engine.step(): the update is there
+            out["watched"].append(_watched(engine))
+    engine.save_checkpoint(ckpt, tag="t")  # updates pending since the last step
+    out["losses"].append(_micro_steps(engine, 3))
+    out["final"] = _all(engine)
+    out["stats"] = dict(engine.strategy.optimizer_swap.stats)
+    shards = next(p.ds_swap for p in engine.module.parameters() if p.ds_swap is not None)
+    out["shard_stats"] = dict(shards.stats)
+    engine.destroy()
+    # resumed from the checkpoint with the deferral off: the same last step
+    again = _engine(os.path.join(path, "resumed"), False)
+    again.load_checkpoint(ckpt, tag="t")
+    out["resumed_loss"] = _micro_steps(again, 3)
+    out["resumed"] = _all(again)
+    again.destroy()
+    return out
+
+
+def _assert_equal(a: dict, b: dict) -> None:
+    assert a["losses"] == b["losses"], (a["losses"], b["losses"])
+    assert a["norms"] == b["norms"] and a["lrs"] == b["lrs"]
+    for x, y in zip(a["watched"], b["watched"]):
+        assert torch.equal(x, y)
+    for n, v in b["final"].items():
+        assert torch.equal(a["final"][n], v), n
+
+
+def test_steps_in_forward_equal_the_step_in_engine_step(tmp_path):
+    """Bit-equal to the same run with every update made in engine.step(), on 2 ranks; the
+    checkpoint saved with updates pending resumes to the same last step."""
+    ref = run_ranks(_job, 2, str(tmp_path / "ref"), str(tmp_path / "ck_ref"), False, False)
+    got = run_ranks(_job, 2, str(tmp_path / "fwd"), str(tmp_path / "ck_fwd"), True, False)
+    for a, b in zip(got, ref):
+        _assert_equal(a, b)
+        assert min(b["norms"]) > 0.05, b["norms"]  # clipping acted on every step
+        assert len(set(b["lrs"])) == 3, b["lrs"]  # the schedule moved every step
+        assert a["resumed_loss"] == a["losses"][-1]
+        for n, v in a["final"].items():
+            assert torch.equal(a["resumed"][n], v), n
+    # The sub-groups of steps 0-1 stepped in the next forward as it first read their shards,
+    # and step 3's in the final gather; the save settled step 2's (nothing had read them)
+    stats = got[0]["stats"]
+    assert stats["stepped_at_settle"] >= 4, stats  # several sub-groups a step
+    assert stats["stepped_in_forward"] == 3 * stats["stepped_at_settle"], stats
+    assert "stepped_in_forward" not in ref[0]["stats"], ref[0]["stats"]
+    # a gather right after its sub-group stepped takes the new value from memory instead of
+    # waiting for the write of the master's file, which is the shard's
+    assert got[0]["shard_stats"]["fetched_fresh"] > 0, got[0]["shard_stats"]
+    assert ref[0]["shard_stats"]["fetched_fresh"] == 0, ref[0]["shard_stats"]
+    assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
+
+
+def test_steps_in_forward_with_partitions_zeroed_in_place(tmp_path):
+    """A reducer that keeps its gradient partitions (a GPU model with CPU gradients) zeroes
+    them in place: the zeroing waits until the pending updates have read them."""
+    ref = run_ranks(_job, 2, str(tmp_path / "ref"), str(tmp_path / "ck_ref"), False, True)
+    got = run_ranks(_job, 2, str(tmp_path / "fwd"), str(tmp_path / "ck_fwd"), True, True)
+    for a, b in zip(got, ref):
+        _assert_equal(a, b)
+
+
+def _too_few_sub_groups(path: str) -> str:
+    from deepspeed_ext.runtime.initialize import initialize
+    from tests.unit.zero.zero_runs import Net
+
+    opt = {"device": "nvme", "nvme_path": path, "step_in_forward": True}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {"stage": 3, "offload_optimizer": opt},
+    }
+    try:
+        initialize(model=Net(), config=cfg)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_steps_in_forward_with_one_sub_group_is_refused_by_name(tmp_path):
+    """The default sub_group_size holds every master: all would step at the first gather."""
+    msg = run_ranks(_too_few_sub_groups, 1, str(tmp_path))[0]
+    assert "offload_optimizer.step_in_forward" in msg, msg
+    assert "sub_group_size=1000000000" in msg and "set sub_group_size to about" in msg, msg
