@@ -14,7 +14,7 @@ from tests.helpers.distributed import run_ranks
 WATCHED = "blocks.0.qkv.weight"
 
 
-def _engine(path: str, forward: bool) -> Any:
+def _engine(path: str, forward: bool, bf16: bool = False) -> Any:
     from deepspeed_ext.runtime.initialize import initialize
     from examples.gpt import GPT, GPTConfig
 
@@ -40,6 +40,8 @@ def _engine(path: str, forward: bool) -> Any:
         },
         "steps_per_print": 1000,
     }
+    if bf16:  # 16-bit shards keep files of their own, written when their master steps
+        cfg["bf16"] = {"enabled": True, "check_grad_overflow": True}
     engine, _, _, _ = initialize(model=model, config=cfg)
     return engine
 
@@ -73,8 +75,8 @@ def _all(engine: Any) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
 
 
-def _job(path: str, ckpt: str, forward: bool, resident: bool) -> dict:
-    engine = _engine(os.path.join(path, "run"), forward)
+def _job(path: str, ckpt: str, forward: bool, resident: bool, bf16: bool = False) -> dict:
+    engine = _engine(os.path.join(path, "run"), forward, bf16)
     out: dict[str, Any] = {"losses": [], "watched": [], "norms": [], "lrs": []}
     for step in range(3):
         out["losses"].append(_micro_steps(engine, step, resident))
@@ -90,7 +92,7 @@ def _job(path: str, ckpt: str, forward: bool, resident: bool) -> dict:
     out["shard_stats"] = dict(shards.stats)
     engine.destroy()
     # resumed from the checkpoint with the deferral off: the same last step
-    again = _engine(os.path.join(path, "resumed"), False)
+    again = _engine(os.path.join(path, "resumed"), False, bf16)
     again.load_checkpoint(ckpt, tag="t")
     out["resumed_loss"] = _micro_steps(again, 3)
     out["resumed"] = _all(again)
@@ -139,6 +141,19 @@ def test_steps_in_forward_with_partitions_zeroed_in_place(tmp_path):
     got = run_ranks(_job, 2, str(tmp_path / "fwd"), str(tmp_path / "ck_fwd"), True, True)
     for a, b in zip(got, ref):
         _assert_equal(a, b)
+
+
+def test_steps_in_forward_with_bf16_and_overflow_checks(tmp_path):
+    """bf16 with bf16.check_grad_overflow (which step_in_backward refuses): each bf16 shard
+    is written from its master when the sub-group steps, and gathered from its own file."""
+    ref = run_ranks(_job, 2, str(tmp_path / "ref"), str(tmp_path / "ck_ref"), False, False, True)
+    got = run_ranks(_job, 2, str(tmp_path / "fwd"), str(tmp_path / "ck_fwd"), True, False, True)
+    for a, b in zip(got, ref):
+        _assert_equal(a, b)
+        for n, v in a["final"].items():
+            assert torch.equal(a["resumed"][n], v), n
+    assert got[0]["shard_stats"]["fetched_fresh"] == 0, got[0]["shard_stats"]
+    assert got[0]["stats"]["stepped_in_forward"] > 0, got[0]["stats"]
 
 
 def _too_few_sub_groups(path: str) -> str:
