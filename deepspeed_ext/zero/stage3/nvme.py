@@ -135,8 +135,8 @@ class ParamSwap:
         if id(p) in self._ahead or id(p) in self._lent:
             return True
         if p.ds_step_pending is not None:
-            # [Note: optimizer steps in forward]: its step, at its gather, gives its value
-            # from memory; the walk stops here so that it does not run every step at once
+            # [Note: optimizer steps in forward]: the file holds the value before the
+            # pending update, and the step at its gather hands the new one over from memory
             return False
         if id(p) in self._fresh:
             self._claimed.add(id(p))
@@ -362,6 +362,16 @@ class OptimizerSwap:
         for i in sub:
             self._swap_out(i)
         return list(sub)
+
+    def write_master(self, p: Any, value: torch.Tensor) -> None:
+        """A new value of p's master (GatheredParameters changed p), into its file; nothing
+        to do when that file is p's shard's, which write_shard has just written. Call with
+        every master swapped out (no deferred step pending)."""
+        i = next(j for j, q in enumerate(self.params) if q is p)
+        swap = getattr(p, "ds_swap", None)
+        if swap is not None and swap.shares(p):
+            return
+        self.swapper.swap_out(f"master{i}", value.to(self.masters[i].dtype).contiguous())
 
     def wait_group(self, sub: list[int]) -> None:
         """Completes the reads of `sub` alone (read_group), not those queued after them."""

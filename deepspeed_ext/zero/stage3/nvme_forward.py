@@ -19,8 +19,11 @@ overflow checks, which are all decided before anything is deferred.
   when that file is also the shard's ([Note: one file for a shard and its master]): the new
   value is handed to the shard's ParamSwap, which gives it out from memory until the write
   is done (or, when a read-ahead counted on it, until that gather). The shard read-ahead
-  stops at a parameter whose update is pending: reading it would step its sub-group early,
-  and the walk would step them all at the forward's first gather.
+  stops at a parameter whose update is pending: its file holds the old value, and the new
+  one comes from memory at its gather.
+- An update runs wherever the read happens, also in an evaluation forward under
+  torch.inference_mode(): it runs with inference mode off, so that the optimizer's state
+  stays usable outside it.
 - Whatever else reads the parameters, masters or optimizer state settles every pending
   update first (Stage3Strategy.settle): the next backward, the next engine.step(), checkpoint
   save and load, the 16-bit and fp32 state dicts, offload_states, and engine.destroy().
@@ -62,7 +65,11 @@ class ForwardSteps:
         with grad_of(i) and the optimizer's hyperparameters as they are now."""
         self.settle()
         opt = self.swap.optimizer
-        self._hyper = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
+        # copies of tensor values: torch's LR schedulers update a tensor lr in place
+        self._hyper = [
+            {k: v.clone() if torch.is_tensor(v) else v for k, v in g.items() if k != "params"}
+            for g in opt.param_groups
+        ]
         self._subs = list(self.swap._sub_groups(skip))
         self._left = list(range(len(self._subs)))
         for pos, sub in enumerate(self._subs):
@@ -72,6 +79,7 @@ class ForwardSteps:
                 self.swap.params[i].ds_step_pending = self.before_read
         self._read_ahead(-1)
 
+    @torch.inference_mode(False)
     def before_read(self, p: Any) -> None:
         """p's shard is about to be read: its sub-group steps first."""
         pos = self._pos.get(self.index[id(p)])
@@ -79,6 +87,7 @@ class ForwardSteps:
             self._run(pos)
             self.swap.stats["stepped_in_forward"] += 1
 
+    @torch.inference_mode(False)
     def settle(self) -> None:
         """Every pending update done and written; then after_settle (the deferred zeroing
         of gradient partitions a resident reducer reuses)."""
@@ -116,24 +125,30 @@ class ForwardSteps:
         if self._reading is not None or not self._left:
             return
         later = [q for q in self._left if q > after]
-        self._reading = later[0] if later else self._left[0]
-        self.swap.read_group(self._subs[self._reading], background=True)
+        nxt = later[0] if later else self._left[0]
+        self.swap.read_group(self._subs[nxt], background=True)
+        self._reading = nxt  # only once submitted: a failed submit leaves it unread
 
     def _run(self, pos: int) -> None:
         sub = self._subs[pos]
-        for i in sub:  # before anything below reads a shard of this sub-group
-            self.swap.params[i].ds_step_pending = None
-            del self._pos[i]
-        self._left.remove(pos)
         if self._reading == pos:
             self._reading = None
         else:  # gathered out of the expected order: read now, the read-ahead stays in flight
             self.swap.read_group(sub)
         self.swap.wait_group(sub)
+        # From here the update must not run twice: its sub-group leaves the pending set
+        # before the step (whose shard writes must not call back here) and stays out if
+        # the step raises, the error reaching the caller.
+        for i in sub:
+            self.swap.params[i].ds_step_pending = None
+            del self._pos[i]
+        self._left.remove(pos)
         grads = self._grads.__getitem__
         self._forget(self._writing)  # step_and_write completes their writes
-        self._writing = self.swap.step_and_write(sub, self._writing, grads, self._hyper)
-        self._hand_over(sub)
-        for i in sub:
-            del self._grads[i]
+        try:
+            self._writing = self.swap.step_and_write(sub, self._writing, grads, self._hyper)
+            self._hand_over(sub)
+        finally:
+            for i in sub:
+                del self._grads[i]
         self._read_ahead(pos)

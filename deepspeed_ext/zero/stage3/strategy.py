@@ -236,9 +236,9 @@ class Stage3Strategy:
         if o.step_in_forward:
             self._steps_in_forward()
 
-    def _check_sub_groups(self, key: str, when: str) -> None:
-        """Early steps need sub-groups smaller than this rank's masters."""
-        total = sum(p.ds_shard_numel for p in self.trainable)
+    def _check_sub_groups(self, key: str, when: str, masters: list[Any]) -> None:
+        """Early steps need sub-groups smaller than the masters they move (this rank's)."""
+        total = sum(p.ds_shard_numel for p in masters)
         if self.options.sub_group_numel >= total:
             raise ValueError(
                 f"zero_optimization.offload_optimizer.{key} steps sub-groups of "
@@ -253,8 +253,9 @@ class Stage3Strategy:
         shards) step in engine.step()."""
         from .nvme_forward import ForwardSteps
 
-        self._check_sub_groups("step_in_forward", "as the next forward reaches them")
         self._eager = frozenset(i for i, p in enumerate(self.trainable) if p.ds_persist)
+        deferred = [p for p in self.trainable if not p.ds_persist]
+        self._check_sub_groups("step_in_forward", "as the next forward reaches them", deferred)
         self.forward_steps = ForwardSteps(self.optimizer_swap)
 
     def settle(self) -> None:
@@ -267,7 +268,7 @@ class Stage3Strategy:
         so that some step before the backward ends; tied parameters step last."""
         from .nvme_backward import BackwardSteps
 
-        self._check_sub_groups("step_in_backward", "during the backward")
+        self._check_sub_groups("step_in_backward", "during the backward", self.trainable)
         shared = shared_param_ids(list(self.module.modules()))
         late = {i for i, p in enumerate(self.trainable) if id(p) in shared}
         self._index = {id(p): i for i, p in enumerate(self.trainable)}
@@ -337,7 +338,12 @@ class Stage3Strategy:
             m.grad_dtype = None
 
         def sync_master(m: torch.Tensor = m, p: Any = p) -> None:
-            m.data.copy_(read_shard(p))  # GatheredParameters changed the parameter
+            # GatheredParameters changed the parameter
+            if self.optimizer_swap is not None:  # the master lives in its swap file
+                self.settle()
+                self.optimizer_swap.write_master(p, read_shard(p))
+            else:
+                m.data.copy_(read_shard(p))
 
         p.ds_master_sync = sync_master
         return m
@@ -425,6 +431,7 @@ class Stage3Strategy:
 
     # -- the step --
     def grad_sq_sum(self) -> torch.Tensor:
+        self.settle()  # engine.step() with no backward since the last: zeroing was deferred
         sq = sum_of_squares(self.reducer.grads(), collective_device(self.dp))
         return sum_tensor_over(sq, self.dp)
 
@@ -498,13 +505,15 @@ class Stage3Strategy:
         release_params(self.module.parameters())
 
     def remove_hooks(self) -> None:
-        self.settle()  # the swappers' I/O in flight finishes before they close
-        for s in self.swappers:
-            s.close()
-        self.hooks.remove()
-        for h in self._grad_hooks:
-            h.remove()
-        self._grad_hooks.clear()
+        try:
+            self.settle()  # the swappers' I/O in flight finishes before they close
+        finally:
+            for s in self.swappers:
+                s.close()
+            self.hooks.remove()
+            for h in self._grad_hooks:
+                h.remove()
+            self._grad_hooks.clear()
 
     def grads_of(self, params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
         raise RuntimeError(  # only pipelines ask, and they refuse stage 3 up front

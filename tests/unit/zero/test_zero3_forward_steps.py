@@ -14,14 +14,16 @@ from tests.helpers.distributed import run_ranks
 WATCHED = "blocks.0.qkv.weight"
 
 
-def _engine(path: str, forward: bool, bf16: bool = False) -> Any:
+def _engine(path: str, forward: bool, bf16: bool = False, client: bool = False) -> Any:
+    """client: torch's AdamW with a tensor lr and a torch LambdaLR, which moves that tensor
+    in place, instead of the config's optimizer and scheduler."""
     from deepspeed_ext.runtime.initialize import initialize
     from examples.gpt import GPT, GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=32, seq_len=16, n_layer=2, n_head=2, d_model=32))
     nvme = {"device": "nvme", "nvme_path": path}
-    cfg = {
+    cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 2,
         "gradient_clipping": 0.05,  # below every step's norm here: each step is clipped
@@ -42,7 +44,14 @@ def _engine(path: str, forward: bool, bf16: bool = False) -> Any:
     }
     if bf16:  # 16-bit shards keep files of their own, written when their master steps
         cfg["bf16"] = {"enabled": True, "check_grad_overflow": True}
-    engine, _, _, _ = initialize(model=model, config=cfg)
+    if not client:
+        engine, _, _, _ = initialize(model=model, config=cfg)
+        return engine
+    del cfg["optimizer"], cfg["scheduler"]
+    cfg["zero_force_ds_cpu_optimizer"] = False
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(1e-2), foreach=False)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (s + 1))
+    engine, _, _, _ = initialize(model=model, optimizer=opt, lr_scheduler=sched, config=cfg)
     return engine
 
 
@@ -154,6 +163,45 @@ def test_steps_in_forward_with_bf16_and_overflow_checks(tmp_path):
             assert torch.equal(a["resumed"][n], v), n
     assert got[0]["shard_stats"]["fetched_fresh"] == 0, got[0]["shard_stats"]
     assert got[0]["stats"]["stepped_in_forward"] > 0, got[0]["stats"]
+
+
+def _client_job(path: str, forward: bool) -> dict:
+    """Between steps: an evaluation forward under torch.inference_mode() (the updates it
+    triggers must leave torch's optimizer state usable outside it), an engine.step() with
+    no backward since the last (its norm is of zeroed gradients), and a GatheredParameters
+    edit of a bf16 parameter (its master has a file of its own)."""
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    engine = _engine(path, forward, bf16=True, client=True)
+    out: dict[str, Any] = {"losses": [], "norms": [], "watched": [], "lrs": []}
+    out["losses"].append(_micro_steps(engine, 0, resident=True))
+    out["norms"].append(engine.get_global_grad_norm())
+    with torch.inference_mode():
+        idx = torch.randint(0, 32, (2, 17), generator=torch.Generator().manual_seed(7))
+        out["eval"] = float(engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous()))
+    out["losses"].append(_micro_steps(engine, 1))
+    for _ in range(2):  # one accumulation boundary, no backward (nor forward) since step 1
+        engine.step()
+    out["norms"].append(engine.get_global_grad_norm())
+    p = dict(engine.module.named_parameters())[WATCHED]
+    with GatheredParameters([p], modifier_rank=0):
+        p.data.fill_(0.5)
+    out["losses"].append(_micro_steps(engine, 2))
+    out["final"] = _all(engine)
+    engine.destroy()
+    return out
+
+
+def test_steps_in_forward_under_inference_mode_edits_and_client_schedulers(tmp_path):
+    ref = run_ranks(_client_job, 2, str(tmp_path / "ref"), False)
+    got = run_ranks(_client_job, 2, str(tmp_path / "fwd"), True)
+    for a, b in zip(got, ref):
+        assert a["eval"] == b["eval"]
+        _assert_equal(a, b)
+        assert b["norms"][1] == 0.0, b["norms"]
+        # the edit reached the master: 3 small steps later the weight is still near 0.5
+        drift = (a["final"][WATCHED].float() - 0.5).abs().max()
+        assert drift < 0.1, drift
 
 
 def _too_few_sub_groups(path: str) -> str:
