@@ -14,7 +14,9 @@ overflow checks, which are all decided before anything is deferred.
   the hyperparameters of its engine.step(), snapshotted before the LR scheduler moves; the
   gradient partitions are kept (the reducer starts new ones) until their sub-group steps.
 - One sub-group is read ahead, the next pending one in order after the last stepped; one is
-  being written while the next steps: at most three in memory, as with pipelined swapping.
+  being written while the next steps: at most three in memory, as with pipelined swapping,
+  which this path always does (offload_optimizer.pipeline_read / pipeline_write then only
+  govern the persistent parameters' step in engine.step()).
 - A gather right after its sub-group stepped would wait for the write of the master's file
   when that file is also the shard's ([Note: one file for a shard and its master]): the new
   value is handed to the shard's ParamSwap, which gives it out from memory until the write
