@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("aio.py", ["--smoke", "--dir", "{tmp}"], "aio_smoke.json"),  # ~2 s
         ("exit_soak.py", ["--smoke"], "exit_soak_smoke.json"),  # two 2-rank jobs, ~20 s
         ("pipeline_step.py", ["--smoke"], "pipeline_step_smoke.json"),  # two 4-rank jobs, ~20 s
-        ("zero3_nvme.py", ["--smoke"], "zero3_nvme_smoke.json"),  # five 2-rank jobs, ~50 s
+        ("zero3_nvme.py", ["--smoke"], "zero3_nvme_smoke.json"),  # six 2-rank jobs, ~55 s
         ("kill_soak.py", ["--smoke"], "kill_soak_smoke.json"),  # seven 2-rank jobs, ~35 s
         ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
         ("activation_checkpointing.py", ["--smoke"], "activation_checkpointing_smoke.json"),
@@ -110,11 +110,14 @@ def test_bench_smoke(script, args, result, tmp_path):
             "ours nvme, no read-ahead",
             "ours nvme, pipelined optimizer",
             "ours nvme, steps in backward",
+            "ours nvme, steps in forward (clipped)",
         }
         assert data["ratios"]["pipelined_nvme_over_cpu_offload_step_time"] > 0, data["ratios"]
         ratio = data["ratios"]["steps_in_backward_nvme_over_cpu_offload_step_time"]
         assert ratio > 0, data["ratios"]
         assert data["ratios"]["nvme_over_cpu_offload_step_time"] > 0, data["ratios"]
+        late = data["ratios"]["steps_in_forward_clipped_nvme_over_cpu_offload_step_time"]
+        assert late > 0, data["ratios"]
         assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
     elif result == "kill_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
