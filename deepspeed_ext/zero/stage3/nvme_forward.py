@@ -30,6 +30,8 @@ overflow checks, which are all decided before anything is deferred.
   update first (Stage3Strategy.settle): the next backward, the next engine.step(), checkpoint
   save and load, the 16-bit and fp32 state dicts, offload_states, and engine.destroy().
 - Persistent parameters (kept gathered, never read from their shards) step in engine.step().
+- sub_group_size left unset gives sub-groups of an eighth of the rank's deferred masters
+  (Stage3Strategy._check_sub_groups, shared with step_in_backward).
 """
 
 from __future__ import annotations

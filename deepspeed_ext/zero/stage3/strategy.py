@@ -65,6 +65,7 @@ class Stage3Options:
         # [Note: optimizer steps in forward]
         self.step_in_forward = bool(getattr(opt, "step_in_forward", False))
         self.sub_group_numel = int(zero_cfg.sub_group_size)
+        self.sub_group_given = "sub_group_size" in zero_cfg.model_fields_set
         self.leaf_module = zero_cfg.leaf_module
         self.allowed_types = zero_cfg.zero_allowed_param_types
         self.forced_types = zero_cfg.zero_force_param_types
@@ -237,8 +238,25 @@ class Stage3Strategy:
             self._steps_in_forward()
 
     def _check_sub_groups(self, key: str, when: str, masters: list[Any]) -> None:
-        """Early steps need sub-groups smaller than the masters they move (this rank's)."""
+        """Early steps need sub-groups smaller than the masters they move (this rank's): an
+        eighth of them when sub_group_size was left at its default (a single sub-group)."""
         total = sum(p.ds_shard_numel for p in masters)
+        if not total:
+            raise ValueError(
+                f"zero_optimization.offload_optimizer.{key} has nothing to move: every "
+                "trainable parameter stays gathered (under stage3_param_persistence_threshold="
+                f"{self.options.persistence_threshold}, or kept whole), and those step in "
+                f"engine.step(): lower the threshold or remove {key}"
+            )
+        if self.options.sub_group_numel >= total and not self.options.sub_group_given:
+            size = max(1, total // 8)
+            self.options.sub_group_numel = self.optimizer_swap.sub_group_numel = size
+            logger.info(
+                f"zero_optimization.offload_optimizer.{key}: sub_group_size is not set, so "
+                f"the optimizer steps in sub-groups of {size} elements (an eighth of this "
+                "rank's masters); set sub_group_size to choose"
+            )
+            return
         if self.options.sub_group_numel >= total:
             raise ValueError(
                 f"zero_optimization.offload_optimizer.{key} steps sub-groups of "

@@ -204,25 +204,42 @@ def test_steps_in_forward_under_inference_mode_edits_and_client_schedulers(tmp_p
         assert drift < 0.1, drift
 
 
-def _too_few_sub_groups(path: str) -> str:
+def _sub_groups(path: str, size: int | None, threshold: int = 0) -> str:
     from deepspeed_ext.runtime.initialize import initialize
     from tests.unit.zero.zero_runs import Net
 
     opt = {"device": "nvme", "nvme_path": path, "step_in_forward": True}
+    zero: dict[str, Any] = {
+        "stage": 3,
+        "offload_optimizer": opt,
+        "stage3_param_persistence_threshold": threshold,
+    }
+    if size is not None:
+        zero["sub_group_size"] = size
     cfg = {
         "train_micro_batch_size_per_gpu": 4,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
-        "zero_optimization": {"stage": 3, "offload_optimizer": opt},
+        "zero_optimization": zero,
     }
     try:
-        initialize(model=Net(), config=cfg)
+        engine, _, _, _ = initialize(model=Net(), config=cfg)
     except ValueError as e:
         return str(e)
-    return "no error"
+    total = sum(p.ds_shard_numel for p in engine.strategy.trainable)
+    numel = engine.strategy.optimizer_swap.sub_group_numel
+    engine.destroy()
+    return f"sub-groups of {numel} of {total}"
 
 
-def test_steps_in_forward_with_one_sub_group_is_refused_by_name(tmp_path):
-    """The default sub_group_size holds every master: all would step at the first gather."""
-    msg = run_ranks(_too_few_sub_groups, 1, str(tmp_path))[0]
+def test_steps_in_forward_sub_group_size(tmp_path):
+    """Left at its default (one sub-group of every master), sub_group_size becomes an
+    eighth of the rank's masters; set explicitly to hold them all, it is refused by name,
+    and so is the key when every parameter stays gathered (nothing to defer)."""
+    auto = run_ranks(_sub_groups, 1, str(tmp_path), None)[0]
+    total = int(auto.rsplit(" ", 1)[1])
+    assert total > 8 and auto == f"sub-groups of {total // 8} of {total}", auto
+    msg = run_ranks(_sub_groups, 1, str(tmp_path), 10**9)[0]
     assert "offload_optimizer.step_in_forward" in msg, msg
     assert "sub_group_size=1000000000" in msg and "set sub_group_size to about" in msg, msg
+    msg = run_ranks(_sub_groups, 1, str(tmp_path), None, 10**5)[0]
+    assert "step_in_forward has nothing to move" in msg and "lower the threshold" in msg, msg
