@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import NVMeSwapper
 
 from .param import write_shard
@@ -215,6 +216,35 @@ def offload_params(
     for p in moving:
         swap.attach(p)
     return len(moving)
+
+
+def early_sub_group_numel(key: str, when: str, total: int, numel: int, given: bool) -> int:
+    """Sub-group size for offload_optimizer.{key} (steps outside engine.step()), which needs
+    several sub-groups of the `total` master elements it moves on this rank: sub_group_size
+    (`numel`) when below it; an eighth of them when sub_group_size was not `given` (its
+    default is one sub-group of everything); else an error naming the key and the fix."""
+    full = f"zero_optimization.offload_optimizer.{key}"
+    if not total:
+        raise ValueError(
+            f"{full} has nothing to move: every trainable parameter stays gathered (under "
+            "stage3_param_persistence_threshold, or kept whole), and those step in "
+            f"engine.step(): lower the threshold or remove {key}"
+        )
+    if numel < total:
+        return numel
+    if not given:
+        size = max(1, total // 8)
+        logger.info(
+            f"{full}: sub_group_size is not set, so the optimizer steps in sub-groups of "
+            f"{size} elements (an eighth of this rank's masters); set sub_group_size to choose"
+        )
+        return size
+    raise ValueError(
+        f"{full} steps sub-groups of zero_optimization.sub_group_size={numel} elements "
+        f"{when}, but this rank's masters hold {total} in all, so they would all step at "
+        f"once: set sub_group_size to about {max(1, total // 8)} (an eighth of them) or "
+        f"remove {key}"
+    )
 
 
 class OptimizerSwap:

@@ -237,34 +237,13 @@ class Stage3Strategy:
         if o.step_in_forward:
             self._steps_in_forward()
 
-    def _check_sub_groups(self, key: str, when: str, masters: list[Any]) -> None:
-        """Early steps need sub-groups smaller than the masters they move (this rank's): an
-        eighth of them when sub_group_size was left at its default (a single sub-group)."""
+    def _size_sub_groups(self, key: str, when: str, masters: list[Any]) -> None:
+        from .nvme import early_sub_group_numel
+
+        o = self.options
         total = sum(p.ds_shard_numel for p in masters)
-        if not total:
-            raise ValueError(
-                f"zero_optimization.offload_optimizer.{key} has nothing to move: every "
-                "trainable parameter stays gathered (under stage3_param_persistence_threshold="
-                f"{self.options.persistence_threshold}, or kept whole), and those step in "
-                f"engine.step(): lower the threshold or remove {key}"
-            )
-        if self.options.sub_group_numel >= total and not self.options.sub_group_given:
-            size = max(1, total // 8)
-            self.options.sub_group_numel = self.optimizer_swap.sub_group_numel = size
-            logger.info(
-                f"zero_optimization.offload_optimizer.{key}: sub_group_size is not set, so "
-                f"the optimizer steps in sub-groups of {size} elements (an eighth of this "
-                "rank's masters); set sub_group_size to choose"
-            )
-            return
-        if self.options.sub_group_numel >= total:
-            raise ValueError(
-                f"zero_optimization.offload_optimizer.{key} steps sub-groups of "
-                f"zero_optimization.sub_group_size={self.options.sub_group_numel} elements "
-                f"{when}, but this rank's masters hold {total} in all, so they would all step "
-                f"at once: set sub_group_size to about {max(1, total // 8)} (an eighth of "
-                f"them) or remove {key}"
-            )
+        size = early_sub_group_numel(key, when, total, o.sub_group_numel, o.sub_group_given)
+        o.sub_group_numel = self.optimizer_swap.sub_group_numel = size
 
     def _steps_in_forward(self) -> None:
         """[Note: optimizer steps in forward]: persistent parameters (never read from their
@@ -273,7 +252,7 @@ class Stage3Strategy:
 
         self._eager = frozenset(i for i, p in enumerate(self.trainable) if p.ds_persist)
         deferred = [p for p in self.trainable if not p.ds_persist]
-        self._check_sub_groups("step_in_forward", "as the next forward reaches them", deferred)
+        self._size_sub_groups("step_in_forward", "as the next forward reaches them", deferred)
         self.forward_steps = ForwardSteps(self.optimizer_swap)
 
     def settle(self) -> None:
@@ -286,7 +265,7 @@ class Stage3Strategy:
         so that some step before the backward ends; tied parameters step last."""
         from .nvme_backward import BackwardSteps
 
-        self._check_sub_groups("step_in_backward", "during the backward", self.trainable)
+        self._size_sub_groups("step_in_backward", "during the backward", self.trainable)
         shared = shared_param_ids(list(self.module.modules()))
         late = {i for i, p in enumerate(self.trainable) if id(p) in shared}
         self._index = {id(p): i for i, p in enumerate(self.trainable)}
