@@ -133,6 +133,15 @@ def _destroy_at_exit() -> None:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - exiting anyway; never mask the real exit status
             pass
+    # A sub-group a user object still holds (a tensor-sliced model's group) keeps its gloo
+    # threads until interpreter teardown. Such a thread frees each finished work after the
+    # caller's wait() returns, and freeing the work's Python-made tensors takes the GIL: when
+    # the job's last collective (a 16-bit export's gathers) is followed at once by exit, the
+    # thread still waits for the GIL when finalization starts, and exits mid-destructor:
+    # SIGABRT (gdb: ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> take_gil ->
+    # pthread_exit; 2-rank AutoTP Trainer jobs, about 1 in 8). Sleeping here hands it the GIL
+    # while the interpreter is whole.
+    time.sleep(0.05)
 
 
 def _local_rank_guess() -> int:

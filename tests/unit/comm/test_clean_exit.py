@@ -13,3 +13,26 @@ def test_exit_destroy_joins_gloo_threads():
             f"rank {rank}: {before} threads before the exit-time destroy, {after} after: "
             "the gloo process group is still alive"
         )
+
+
+def test_exit_handler_hands_the_gil_to_waiting_threads():
+    """A gloo thread of a group that outlives the handler (a user's model holds it) may still
+    be waiting for the GIL to free its last finished work; the handler lets it run before
+    interpreter finalization, where taking the GIL would kill the thread (SIGABRT)."""
+    import threading
+
+    from deepspeed_ext.comm import init
+
+    go, ran = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        go.wait()
+        ran.set()  # needs the GIL, as freeing a Python-made tensor does
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    go.set()
+    init._destroy_at_exit()  # no process group here: the releases, then the hand-over
+    handed = ran.is_set()
+    t.join()
+    assert handed, "the thread waiting for the GIL did not run during the exit handler"
