@@ -31,7 +31,7 @@ overflow checks, which are all decided before anything is deferred.
   save and load, the 16-bit and fp32 state dicts, offload_states, and engine.destroy().
 - Persistent parameters (kept gathered, never read from their shards) step in engine.step().
 - sub_group_size left unset gives sub-groups of an eighth of the rank's deferred masters
-  (Stage3Strategy._check_sub_groups, shared with step_in_backward).
+  (early_sub_group_numel in nvme.py, shared with step_in_backward).
 """
 
 from __future__ import annotations
