@@ -161,7 +161,7 @@ class NVMeSwapper:
     def swap_out(self, key: str, tensor: torch.Tensor, async_op: bool = False) -> None:
         """Writes the tensor's bytes to the file of `key` (replacing what it held)."""
         self._check_open()
-        self._finish_reads_of(key)
+        self.wait_read(key)
         if key in self._writing:
             self.wait_writes()
         src = tensor.detach()
@@ -197,7 +197,7 @@ class NVMeSwapper:
             )
         if key in self._writing:  # the file must hold what is being written first
             self.wait_writes()
-        self._finish_reads_of(key)
+        self.wait_read(key)
         lane = self._background() if background else self._reads
         dst, buf = out.detach(), None
         if dst.device.type != "cpu" or not dst.is_contiguous():
@@ -227,11 +227,6 @@ class NVMeSwapper:
         issued with swap_in(background=background)."""
         self._wait_reads(self._bg if background else self._reads)
 
-    def wait_read(self, key: str) -> None:
-        """Completes the async read of `key` alone (if one is in flight): reads issued
-        after it may still be running."""
-        self._finish_reads_of(key)
-
     def _background(self) -> _Reads:
         if self._bg is None:
             handle = aio_handle(**self._aio)
@@ -239,7 +234,9 @@ class NVMeSwapper:
             self._bg = _Reads(handle)
         return self._bg
 
-    def _finish_reads_of(self, key: str) -> None:
+    def wait_read(self, key: str) -> None:
+        """Completes the async read of `key` alone (if one is in flight): reads issued
+        after it may still be running."""
         for lane in (self._reads, self._bg):
             if lane is not None and key in lane.ops:
                 self._wait_read(lane, key)
@@ -293,7 +290,7 @@ class NVMeSwapper:
 
     def discard(self, key: str) -> None:
         """Forgets `key` and removes its file (after its I/O)."""
-        self._finish_reads_of(key)
+        self.wait_read(key)
         if key in self._writing:
             self.wait_writes()
         entry = self._entries.pop(key, None)

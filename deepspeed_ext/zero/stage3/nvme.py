@@ -273,9 +273,11 @@ class OptimizerSwap:
         self.stats = {"overlapped_reads": 0, "overlapped_writes": 0}
         self.masters: list[torch.Tensor] = []
         self.params: list[Any] = []  # the model parameter of each master
+        self.index: dict[int, int] = {}  # id(parameter) -> its master's index
 
     def attach(self, optimizer: Any, params: list[Any], masters: list[torch.Tensor]) -> None:
         self.optimizer, self.params, self.masters = optimizer, params, masters
+        self.index = {id(p): i for i, p in enumerate(params)}
         for i, m in enumerate(masters):
             p, numel = params[i], m.numel()
             self.swapper.swap_out(f"master{i}", m.data)
@@ -397,7 +399,7 @@ class OptimizerSwap:
         """A new value of p's master (GatheredParameters changed p), into its file; nothing
         to do when that file is p's shard's, which write_shard has just written. Call with
         every master swapped out (no deferred step pending)."""
-        i = next(j for j, q in enumerate(self.params) if q is p)
+        i = self.index[id(p)]
         swap = getattr(p, "ds_swap", None)
         if swap is not None and swap.shares(p):
             return

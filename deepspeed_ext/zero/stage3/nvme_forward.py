@@ -47,7 +47,6 @@ from .nvme import OptimizerSwap
 class ForwardSteps:
     def __init__(self, swap: OptimizerSwap) -> None:
         self.swap = swap
-        self.index = {id(p): i for i, p in enumerate(swap.params)}
         self._subs: list[list[int]] = []  # this step's sub-groups, by position
         self._left: list[int] = []  # positions not stepped yet, in order
         self._pos: dict[int, int] = {}  # master index -> position of its pending sub-group
@@ -86,7 +85,7 @@ class ForwardSteps:
     @torch.inference_mode(False)
     def before_read(self, p: Any) -> None:
         """p's shard is about to be read: its sub-group steps first."""
-        pos = self._pos.get(self.index[id(p)])
+        pos = self._pos.get(self.swap.index[id(p)])
         if pos is not None:
             self._run(pos)
             self.swap.stats["stepped_in_forward"] += 1

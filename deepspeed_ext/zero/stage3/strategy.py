@@ -268,7 +268,6 @@ class Stage3Strategy:
         self._size_sub_groups("step_in_backward", "during the backward", self.trainable)
         shared = shared_param_ids(list(self.module.modules()))
         late = {i for i, p in enumerate(self.trainable) if id(p) in shared}
-        self._index = {id(p): i for i, p in enumerate(self.trainable)}
         self.backward_steps = BackwardSteps(self.optimizer_swap, late)
 
     def optimizer_step(self, optimizer: Any) -> None:
@@ -405,7 +404,7 @@ class Stage3Strategy:
             )
 
     def _reduced(self, params: list[Any]) -> None:
-        idx = [self._index[id(p)] for p in params]
+        idx = [self.optimizer_swap.index[id(p)] for p in params]
         self.backward_steps.reduced(idx, self._grad_at)
 
     def begin_pass(self) -> None:
