@@ -38,8 +38,10 @@ class OffloadOptimizerConfig(Section):
     # backward]); refused with clipping and overflow checks (checks.py).
     step_in_backward: Bool = False
     # A deepspeed_ext key: NVMe state steps in the next forward, each sub-group before its
-    # parameters' first gather ([Note: optimizer steps in forward]); NVMe only (checks.py).
-    step_in_forward: Bool = False
+    # parameters' first gather ([Note: optimizer steps in forward]). Unset: on with device
+    # "nvme" at stage 3 unless step_in_backward is set; true: refused unless it applies
+    # (checks.py); false: the step runs in engine.step().
+    step_in_forward: Bool | None = None
     fast_init: Bool = False
     # Fraction of the optimizer step done on CPU; below 1.0 only with stage 3 (checks.py).
     ratio: Float = Field(default=1.0, ge=0.0, le=1.0)

@@ -15,7 +15,15 @@ import torch
 
 from deepspeed_ext.comm import all_gather_bucket
 
-from .param import ZeroParamStatus, ensure_storage, is_zero_param, read_shard, release, set_full
+from .param import (
+    ZeroParamStatus,
+    ensure_storage,
+    is_zero_param,
+    read_shard,
+    release,
+    set_full,
+    step_pending,
+)
 
 LONE_NUMEL = 1 << 20
 
@@ -81,7 +89,9 @@ def gather_params(params: Iterable[Any], wait: bool = True) -> GatherHandle:
         for batch in [[p] for p in lone] + ([shared] if shared else []):
             device = batch[0].ds_device
             # a shard read from NVMe sits in a read-ahead buffer that is reused once
-            # released: copied off it synchronously
+            # released: copied off it synchronously; pending steps first, which may reuse
+            # the memory of a value read before them ([Note: sub-group arenas])
+            step_pending(batch)
             send = torch.cat(
                 [read_shard(p).to(device, non_blocking=p.ds_swap is None) for p in batch]
             )

@@ -29,6 +29,7 @@ from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.offload.nvme import NVMeSwapper
 
 from .param import write_shard
+from .swap_arenas import SwapArenas
 
 
 class ShardPool:
@@ -113,8 +114,15 @@ class ParamSwap:
         self._fresh[id(p)] = value
 
     def forget(self, p: Any) -> None:
-        if id(p) not in self._claimed:
-            self._fresh.pop(id(p), None)
+        """The memory of the value handed over is about to be reused ([Note: sub-group
+        arenas]): dropped, or copied when a read-ahead counted on it."""
+        fresh = self._fresh.get(id(p))
+        if fresh is None:
+            return
+        if id(p) in self._claimed:
+            self._fresh[id(p)] = fresh.clone()
+        else:
+            del self._fresh[id(p)]
 
     def stale(self, p: Any) -> None:
         """p's file is about to change: a read-ahead of the old value is dropped."""
@@ -218,11 +226,14 @@ def offload_params(
     return len(moving)
 
 
-def early_sub_group_numel(key: str, when: str, total: int, numel: int, given: bool) -> int:
+def early_sub_group_numel(
+    key: str, when: str, total: int, numel: int, given: bool, strict: bool = True
+) -> int:
     """Sub-group size for offload_optimizer.{key} (steps outside engine.step()), which needs
     several sub-groups of the `total` master elements it moves on this rank: sub_group_size
-    (`numel`) when below it; an eighth of them when sub_group_size was not `given` (its
-    default is one sub-group of everything); else an error naming the key and the fix."""
+    (`numel`) when below it; else an eighth of them when sub_group_size was not `given` (its
+    default is one sub-group of everything) or the key is on by default (not `strict`:
+    sub_group_size is then an upper bound); else an error naming the key and the fix."""
     full = f"zero_optimization.offload_optimizer.{key}"
     if not total:
         raise ValueError(
@@ -232,18 +243,22 @@ def early_sub_group_numel(key: str, when: str, total: int, numel: int, given: bo
         )
     if numel < total:
         return numel
-    if not given:
-        size = max(1, total // 8)
+    size = max(1, total // 8)
+    if not given or not strict:
+        why = (
+            "sub_group_size is not set"
+            if not given
+            else f"sub_group_size {numel} would hold all {total} of this rank's masters"
+        )
         logger.info(
-            f"{full}: sub_group_size is not set, so the optimizer steps in sub-groups of "
-            f"{size} elements (an eighth of this rank's masters); set sub_group_size to choose"
+            f"{full}: {why}, so the optimizer steps in sub-groups of {size} elements (an "
+            "eighth of this rank's masters); set sub_group_size below that total to choose"
         )
         return size
     raise ValueError(
         f"{full} steps sub-groups of zero_optimization.sub_group_size={numel} elements "
         f"{when}, but this rank's masters hold {total} in all, so they would all step at "
-        f"once: set sub_group_size to about {max(1, total // 8)} (an eighth of them) or "
-        f"remove {key}"
+        f"once: set sub_group_size to about {size} (an eighth of them) or remove {key}"
     )
 
 
@@ -274,6 +289,8 @@ class OptimizerSwap:
         self.masters: list[torch.Tensor] = []
         self.params: list[Any] = []  # the model parameter of each master
         self.index: dict[int, int] = {}  # id(parameter) -> its master's index
+        self.arenas = SwapArenas(swapper)
+        self._arena_of: dict[int, torch.Tensor] = {}  # master index -> arena it is read into
 
     def attach(self, optimizer: Any, params: list[Any], masters: list[torch.Tensor]) -> None:
         self.optimizer, self.params, self.masters = optimizer, params, masters
@@ -300,16 +317,6 @@ class OptimizerSwap:
         st = self.optimizer.state.get(m, {})
         return {k: v for k, v in st.items() if torch.is_tensor(v) and k != "step" and v.dim()}
 
-    def _swap_in(self, i: int, numel: int, background: bool = False) -> None:
-        """Into aligned memory from the swapper: no bounce copy in the I/O op."""
-        m = self.masters[i]
-        m.data = self.swapper.empty(numel, m.dtype)
-        self.swapper.swap_in(f"master{i}", m.data, async_op=True, background=background)
-        for k, v in self._state_tensors(m).items():
-            full = self.swapper.empty(numel, v.dtype)
-            self.swapper.swap_in(f"master{i}.{k}", full, async_op=True, background=background)
-            self.optimizer.state[m][k] = full
-
     def _swap_out(self, i: int) -> None:
         m = self.masters[i]
         self.swapper.swap_out(f"master{i}", m.data, async_op=True)
@@ -317,11 +324,10 @@ class OptimizerSwap:
             self.swapper.swap_out(f"master{i}.{k}", v, async_op=True)
 
     def _drop(self, i: int) -> None:
+        """Master i and its states leave memory (placeholders keep their dtypes)."""
         m = self.masters[i]
         for k, v in self._state_tensors(m).items():
-            self.swapper.release(v)
             self.optimizer.state[m][k] = torch.empty(0, dtype=v.dtype)
-        self.swapper.release(m.data)
         m.data = torch.empty(0, dtype=m.dtype)
 
     def _sub_groups(self, skip: frozenset[int] = frozenset()) -> Iterator[list[int]]:
@@ -340,10 +346,28 @@ class OptimizerSwap:
 
     # -- the step --
     def read_group(self, sub: list[int], background: bool = False) -> None:
-        """Starts reading the masters of `sub` and their states (async: wait_reads() with
-        the same `background`)."""
+        """Starts reading the masters of `sub` and their states into one arena ([Note:
+        sub-group arenas]; async: wait_group, or wait_reads() with the same `background`)."""
+        shapes: list[tuple[int, torch.dtype]] = []
+        keys: list[tuple[int, str]] = []  # (master, state key; "" for the master itself)
         for i in sub:
-            self._swap_in(i, self.params[i].ds_shard_numel, background)
+            m, numel = self.masters[i], self.params[i].ds_shard_numel
+            shapes.append((numel, m.dtype))
+            keys.append((i, ""))
+            for k, v in self._state_tensors(m).items():
+                shapes.append((numel, v.dtype))
+                keys.append((i, k))
+        arena, views = self.arenas.carve(shapes)
+        for i in sub:
+            self._arena_of[i] = arena
+        for (i, k), view in zip(keys, views):
+            m = self.masters[i]
+            if k:
+                self.optimizer.state[m][k] = view
+            else:
+                m.data = view
+            name = f"master{i}.{k}" if k else f"master{i}"
+            self.swapper.swap_in(name, view, async_op=True, background=background)
 
     @torch.no_grad()
     def _step_only(
@@ -413,8 +437,18 @@ class OptimizerSwap:
                 self.swapper.wait_read(f"master{i}.{k}")
 
     def drop_group(self, sub: list[int]) -> None:
+        """`sub` leaves memory (written back, or unchanged); its arena serves the next read
+        once none of its masters is left in memory."""
+        arenas = {}
         for i in sub:
             self._drop(i)
+            arena = self._arena_of.pop(i, None)
+            if arena is not None:
+                arenas[id(arena)] = arena
+        held = {id(a) for a in self._arena_of.values()}
+        for key, arena in arenas.items():
+            if key not in held:
+                self.arenas.give(arena)
 
     @torch.no_grad()
     def step(
@@ -443,18 +477,19 @@ class OptimizerSwap:
                 self.read_group(subs[k + 1])
         sw.wait_writes()
         self.drop_group(written)
+        self.arenas.release_spare()
 
     @contextmanager
     def resident(self) -> Iterator[None]:
         """Every master and state in memory (a checkpoint save or load); swapped out after."""
-        for i, p in enumerate(self.params):
-            self._swap_in(i, p.ds_shard_numel)
+        everything = list(range(len(self.masters)))
+        self.read_group(everything)
         self.swapper.wait_reads()
         try:
             yield
         finally:
-            for i in range(len(self.masters)):
+            for i in everything:
                 self._swap_out(i)
             self.swapper.wait_writes()
-            for i in range(len(self.masters)):
-                self._drop(i)
+            self.drop_group(everything)
+            self.arenas.release_spare()

@@ -86,6 +86,7 @@ class BackwardSteps:
         self._advance(grad_of, [], in_backward=False)
         self.swap.swapper.wait_writes()
         self.swap.drop_group(self._writing)
+        self.swap.arenas.release_spare()
         self._writing = []
         self.open = False
         return frozenset(self.done)

@@ -1,10 +1,12 @@
 """Optimizer steps deferred into the next forward, for optimizer state on NVMe.
 
 [Note: optimizer steps in forward]
-offload_optimizer.step_in_forward (a deepspeed_ext key; NVMe only): engine.step() does what
-needs every gradient -- the global norm, the overflow check, clipping, the loss-scale
-update -- and then, instead of reading, updating and writing every sub-group of optimizer
-state while nothing else runs, leaves the updates pending. A sub-group steps when one of its
+offload_optimizer.step_in_forward (a deepspeed_ext key; NVMe only; on by default there
+unless step_in_backward is set, since the step after the backward is bound by the disk:
+docs/benchmarks.md): engine.step() does what needs every gradient -- the global norm, the
+overflow check, clipping, the loss-scale update -- and then, instead of reading, updating
+and writing every sub-group of optimizer state while nothing else runs, leaves the updates
+pending. A sub-group steps when one of its
 parameters' shards is first read (a gather or a read-ahead: read_shard and ParamSwap look at
 `ds_step_pending`), so in the next forward each sub-group steps just before its layers
 gather, and its state's reads and writes overlap the compute of the layers before and after.
@@ -31,7 +33,9 @@ overflow checks, which are all decided before anything is deferred.
   save and load, the 16-bit and fp32 state dicts, offload_states, and engine.destroy().
 - Persistent parameters (kept gathered, never read from their shards) step in engine.step().
 - sub_group_size left unset gives sub-groups of an eighth of the rank's deferred masters
-  (early_sub_group_numel in nvme.py, shared with step_in_backward).
+  (early_sub_group_numel in nvme.py, shared with step_in_backward); with the key unset it is
+  only an upper bound, and a model with nothing to defer steps in engine.step().
+- A sub-group is read into the arena of one written before it ([Note: sub-group arenas]).
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ class ForwardSteps:
         self._forget(self._writing)
         self.swap.swapper.wait_writes()
         self.swap.drop_group(self._writing)
+        self.swap.arenas.release_spare()
         self._writing = []
         if self.after_settle is not None:
             done, self.after_settle = self.after_settle, None

@@ -111,10 +111,19 @@ def convert(
 
 
 def read_shard(p: Any) -> torch.Tensor:
-    """This rank's shard [S]; read back from NVMe when it was swapped out."""
-    if p.ds_step_pending is not None:
-        p.ds_step_pending(p)
+    """This rank's shard [S]; read back from NVMe when it was swapped out. Copy it before
+    the next read_shard: a deferred step that read runs may reuse its memory ([Note:
+    sub-group arenas]; step_pending runs them up front)."""
+    step_pending([p])
     return p.ds_swap.fetch(p) if p.ds_swap is not None else p.ds_tensor
+
+
+def step_pending(params: list[Any]) -> None:
+    """The deferred optimizer steps of these shards ([Note: optimizer steps in forward]),
+    run before any of them is read."""
+    for p in params:
+        if p.ds_step_pending is not None:
+            p.ds_step_pending(p)
 
 
 @torch.no_grad()

@@ -63,7 +63,8 @@ class Stage3Options:
         # [Note: optimizer steps in backward]
         self.step_in_backward = bool(getattr(opt, "step_in_backward", False))
         # [Note: optimizer steps in forward]
-        self.step_in_forward = bool(getattr(opt, "step_in_forward", False))
+        # None (unset): on where it applies
+        self.step_in_forward: bool | None = getattr(opt, "step_in_forward", False)
         self.sub_group_numel = int(zero_cfg.sub_group_size)
         self.sub_group_given = "sub_group_size" in zero_cfg.model_fields_set
         self.leaf_module = zero_cfg.leaf_module
@@ -234,26 +235,42 @@ class Stage3Strategy:
         )
         if o.step_in_backward:
             self._steps_in_backward()
-        if o.step_in_forward:
-            self._steps_in_forward()
+        elif o.step_in_forward is not False:
+            self._steps_in_forward(chosen=bool(o.step_in_forward))
 
-    def _size_sub_groups(self, key: str, when: str, masters: list[Any]) -> None:
+    def _size_sub_groups(
+        self, key: str, when: str, masters: list[Any], chosen: bool = True
+    ) -> None:
         from .nvme import early_sub_group_numel
 
         o = self.options
         total = sum(p.ds_shard_numel for p in masters)
-        size = early_sub_group_numel(key, when, total, o.sub_group_numel, o.sub_group_given)
+        size = early_sub_group_numel(
+            key, when, total, o.sub_group_numel, o.sub_group_given, strict=chosen
+        )
         o.sub_group_numel = self.optimizer_swap.sub_group_numel = size
 
-    def _steps_in_forward(self) -> None:
+    def _steps_in_forward(self, chosen: bool) -> None:
         """[Note: optimizer steps in forward]: persistent parameters (never read from their
-        shards) step in engine.step()."""
+        shards) step in engine.step(). Not `chosen` (the key unset, the default): only
+        where something can step later, and sub_group_size only as an upper bound."""
         from .nvme_forward import ForwardSteps
 
         self._eager = frozenset(i for i, p in enumerate(self.trainable) if p.ds_persist)
         deferred = [p for p in self.trainable if not p.ds_persist]
-        self._size_sub_groups("step_in_forward", "as the next forward reaches them", deferred)
+        if not deferred and not chosen:
+            return  # every trainable parameter is kept gathered: they step in engine.step()
+        self._size_sub_groups(
+            "step_in_forward", "as the next forward reaches them", deferred, chosen
+        )
         self.forward_steps = ForwardSteps(self.optimizer_swap)
+        if not chosen and self.rank == 0:
+            logger.info(
+                "offload_optimizer (nvme): each optimizer sub-group steps in the next forward, "
+                "just before its parameters' first gather, so that its reads and writes "
+                "overlap compute (zero_optimization.offload_optimizer.step_in_forward, on by "
+                "default; set it false to step in engine.step())"
+            )
 
     def settle(self) -> None:
         """Deferred optimizer steps done before anything else reads what they change."""

@@ -97,6 +97,7 @@ def _job(path: str, ckpt: str, forward: bool, resident: bool, bf16: bool = False
     out["losses"].append(_micro_steps(engine, 3))
     out["final"] = _all(engine)
     out["stats"] = dict(engine.strategy.optimizer_swap.stats)
+    out["arenas"] = dict(engine.strategy.optimizer_swap.arenas.stats)
     shards = next(p.ds_swap for p in engine.module.parameters() if p.ds_swap is not None)
     out["shard_stats"] = dict(shards.stats)
     engine.destroy()
@@ -136,6 +137,9 @@ def test_steps_in_forward_equal_the_step_in_engine_step(tmp_path):
     assert stats["stepped_at_settle"] >= 4, stats  # several sub-groups a step
     assert stats["stepped_in_forward"] == 3 * stats["stepped_at_settle"], stats
     assert "stepped_in_forward" not in ref[0]["stats"], ref[0]["stats"]
+    # [Note: sub-group arenas]: later sub-groups are read into the memory of earlier ones
+    arenas = got[0]["arenas"]
+    assert arenas["arenas_reused"] > 2 * arenas["arenas_made"], arenas
     # a gather right after its sub-group stepped takes the new value from memory instead of
     # waiting for the write of the master's file, which is the shard's
     assert got[0]["shard_stats"]["fetched_fresh"] > 0, got[0]["shard_stats"]
@@ -243,3 +247,53 @@ def test_steps_in_forward_sub_group_size(tmp_path):
     assert "sub_group_size=1000000000" in msg and "set sub_group_size to about" in msg, msg
     msg = run_ranks(_sub_groups, 1, str(tmp_path), None, 10**5)[0]
     assert "step_in_forward has nothing to move" in msg and "lower the threshold" in msg, msg
+
+
+def _by_default(path: str) -> dict[str, str]:
+    """What each config makes of step_in_forward: on (and the sub-group size) or off."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from tests.unit.zero.zero_runs import Net
+
+    cases: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+        "unset": ({}, {}),
+        "unset, sub_group_size 1e9": ({}, {"sub_group_size": 10**9}),
+        "unset, sub_group_size 100": ({}, {"sub_group_size": 100}),
+        "unset, all persistent": ({}, {"stage3_param_persistence_threshold": 10**5}),
+        "false": ({"step_in_forward": False}, {}),
+        "unset, step_in_backward": ({"step_in_backward": True}, {}),
+    }
+    out = {}
+    for name, (opt, zero) in cases.items():
+        cfg = {
+            "train_micro_batch_size_per_gpu": 4,
+            "gradient_clipping": 0.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+            "zero_optimization": {
+                "stage": 3,
+                "stage3_param_persistence_threshold": 0,
+                "offload_optimizer": {"device": "nvme", "nvme_path": path, **opt},
+                **zero,
+            },
+        }
+        engine, _, _, _ = initialize(model=Net(), config=cfg)
+        s = engine.strategy
+        total = sum(p.ds_shard_numel for p in s.trainable)
+        mode = "forward" if s.forward_steps else "backward" if s.backward_steps else "step"
+        out[name] = f"{mode} {s.optimizer_swap.sub_group_numel} of {total}"
+        engine.destroy()
+    return out
+
+
+def test_steps_in_forward_by_default(tmp_path):
+    """With offload_optimizer on NVMe the sub-groups step in the next forward unless the key
+    is false or step_in_backward is set; sub_group_size is then an upper bound, and a model
+    with nothing to defer steps in engine.step(), where the key set true is refused."""
+    got = run_ranks(_by_default, 1, str(tmp_path))[0]
+    total = int(got["unset"].rsplit(" ", 1)[1])
+    eighth = f"{total // 8} of {total}"
+    assert got["unset"] == f"forward {eighth}", got
+    assert got["unset, sub_group_size 1e9"] == f"forward {eighth}", got
+    assert got["unset, sub_group_size 100"] == f"forward 100 of {total}", got
+    assert got["unset, all persistent"].startswith("step "), got
+    assert got["false"] == f"step {10**9} of {total}", got
+    assert got["unset, step_in_backward"] == f"backward {eighth}", got

@@ -116,6 +116,9 @@ def test_nvme_param_and_optimizer_offload_match_stage0(tmp_path):
     # offload_param's default 5 buffers: shards beyond the gather window (one module's worth
     # here) are read ahead, and their gathers find them read
     assert got[0]["swapped"]["fetched_ahead"] > 0, got[0]["swapped"]
+    # by default the sub-groups step in the next forward ([Note: optimizer steps in
+    # forward]; the last step's as the run gathers the parameters at its end)
+    assert swapped["stepped_in_forward"] > 0, swapped
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
 
 
@@ -123,7 +126,8 @@ def test_pipelined_nvme_optimizer_swap_matches_stage0(tmp_path):
     """offload_optimizer.pipeline_read / pipeline_write ([Note: pipelined optimizer swap]):
     each sub-group's read and write overlap a neighbour's step, and training is unchanged."""
     ref = stage0(2)
-    off = {"device": "nvme", "nvme_path": str(tmp_path)}
+    # the swap in engine.step(): not the default next-forward steps
+    off = {"device": "nvme", "nvme_path": str(tmp_path), "step_in_forward": False}
     pipe = {**off, "pipeline_read": True, "pipeline_write": True}
     got = run_ranks(train, 2, 3, 4, 2, z3(offload_optimizer=pipe, sub_group_size=500))
     _assert_same(got, ref, atol=2e-6, rtol=1e-5)

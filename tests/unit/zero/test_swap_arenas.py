@@ -1,0 +1,83 @@
+"""[Note: sub-group arenas]: optimizer sub-groups read into reused page-aligned memory, and a
+value handed over from that memory outliving its reuse only as a copy."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from deepspeed_ext.zero.offload import NVMeSwapper
+from deepspeed_ext.zero.stage3.nvme import ParamSwap
+from deepspeed_ext.zero.stage3.swap_arenas import ALIGN, SwapArenas
+
+
+@pytest.fixture
+def swapper(tmp_path):
+    s = NVMeSwapper(str(tmp_path), rank=0, tag="arenas")
+    yield s
+    s.close()
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+
+def test_views_are_aligned_apart_and_reused(swapper):
+    arenas = SwapArenas(swapper)
+    shapes = [(1000, torch.float32), (3, torch.bfloat16), (5000, torch.float32)]
+    arena, views = arenas.carve(shapes)
+    assert [(v.numel(), v.dtype) for v in views] == shapes
+    spans = sorted(_span(v) for v in views)
+    assert all(lo % ALIGN == 0 for lo, _ in spans)
+    assert all(a_hi <= b_lo for (_, a_hi), (b_lo, _) in zip(spans, spans[1:]))  # apart
+    lo, hi = _span(arena)
+    assert all(lo <= a and b <= hi for a, b in spans)  # inside their arena
+    arenas.give(arena)
+    again, _ = arenas.carve([(10, torch.float32)])  # a smaller group: the same memory
+    assert again.data_ptr() == arena.data_ptr()
+    arenas.give(again)
+    bigger, _ = arenas.carve([(50_000, torch.float32)])  # does not fit: a new, larger one
+    assert bigger.data_ptr() != arena.data_ptr()
+    assert arenas.stats == {"arenas_made": 2, "arenas_reused": 1}
+    arenas.give(bigger)
+    arenas.release_spare()
+    fresh, _ = arenas.carve([(10, torch.float32)])
+    assert arenas.stats["arenas_made"] == 3  # nothing spare after release_spare
+
+
+def test_spare_arenas_are_bounded(swapper):
+    arenas = SwapArenas(swapper)
+    held = [arenas.carve([(1024 * (k + 1), torch.float32)])[0] for k in range(6)]
+    for a in held:
+        arenas.give(a)
+    assert len(arenas._spare) == 3  # the smallest went back to the allocator
+
+
+def _param(numel: int) -> SimpleNamespace:
+    return SimpleNamespace(
+        ds_id=7,
+        ds_shard_numel=numel,
+        dtype=torch.float32,
+        ds_tensor=torch.full((numel,), 1.0),
+        ds_step_pending=None,
+        ds_swap=None,
+    )
+
+
+def test_value_handed_over_outlives_its_memory_only_when_counted_on(swapper):
+    """A read-ahead that counted on a handed-over value gets it even after the arena it
+    lives in is reused (forget copies it); one nobody counted on is read from the file."""
+    swap = ParamSwap(swapper)
+    p, q = _param(64), _param(64)
+    q.ds_id = 8
+    swap.attach(p)
+    swap.attach(q)
+    memory = torch.full((128,), 2.0)
+    swap.hand_over(p, memory[:64])
+    swap.hand_over(q, memory[64:])
+    assert swap.read_ahead(p)  # counts on the value in memory
+    swap.forget(p)
+    swap.forget(q)
+    memory.fill_(3.0)  # the arena serves the next sub-group
+    assert torch.equal(swap.fetch(p), torch.full((64,), 2.0))
+    assert torch.equal(swap.fetch(q), torch.full((64,), 1.0))  # its file: nothing pending
