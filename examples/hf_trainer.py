@@ -2,6 +2,7 @@
 
     python examples/hf_trainer.py                           # ZeRO 2 on 2 CPU ranks (or the GPUs)
     python examples/hf_trainer.py --zero-stage 3 --offload  # ZeRO 3, states and params on CPU
+    python examples/hf_trainer.py --zero-stage 3 --nvme     # ZeRO-Infinity: NVMe under --out
     python examples/hf_trainer.py --no-deepspeed            # the same run in one plain process
     python examples/hf_trainer.py --autotp 2                # tensor slicing (AutoTP) over 2 ranks
 
@@ -42,6 +43,11 @@ def ds_config(args: argparse.Namespace) -> dict:
         zero["offload_optimizer"] = {"device": "cpu"}
         if args.zero_stage == 3:
             zero["offload_param"] = {"device": "cpu"}
+    if args.nvme:  # the HF docs' ZeRO-Infinity template, sub_group_size 1e9 and all
+        nvme = {"device": "nvme", "nvme_path": str(Path(args.out) / "nvme"), "pin_memory": True}
+        zero["offload_optimizer"] = {**nvme, "buffer_count": 4, "fast_init": False}
+        zero["offload_param"] = {**nvme, "buffer_count": 5, "buffer_size": 1e8, "max_in_cpu": 1e9}
+        zero["sub_group_size"] = 1e9
     cfg: dict = {
         "train_batch_size": "auto",
         "train_micro_batch_size_per_gpu": "auto",
@@ -51,6 +57,8 @@ def ds_config(args: argparse.Namespace) -> dict:
         "fp16": {"enabled": "auto"},
         "zero_optimization": zero,
     }
+    if args.nvme:
+        cfg["aio"] = {"block_size": 1048576, "queue_depth": 8, "single_submit": False}
     if args.ds_optimizer:  # else the Trainer's own AdamW (with its weight-decay groups)
         auto = {k: "auto" for k in ("lr", "betas", "eps", "weight_decay")}
         cfg["optimizer"] = {"type": "AdamW", "params": auto}
@@ -103,6 +111,9 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
     ap.add_argument("--offload", action="store_true", help="ZeRO-Offload to the CPU")
+    ap.add_argument(
+        "--nvme", action="store_true", help="ZeRO-Infinity: offload to <out>/nvme (stage 3)"
+    )
     ap.add_argument("--bf16", action="store_true")
     ap.add_argument("--ds-optimizer", action="store_true", help="AdamW from the DeepSpeed config")
     ap.add_argument("--ds-scheduler", action="store_true", help="WarmupDecayLR from the config")
@@ -122,6 +133,8 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     use_ds = not args.no_deepspeed
+    if args.nvme and (args.zero_stage != 3 or args.offload):
+        sys.exit("--nvme offloads to NVMe at --zero-stage 3 (and replaces --offload)")
     if use_ds and "RANK" not in os.environ:
         relaunch_under_launcher(__file__)
 
