@@ -482,14 +482,18 @@ class OptimizerSwap:
     @contextmanager
     def resident(self) -> Iterator[None]:
         """Every master and state in memory (a checkpoint save or load); swapped out after."""
-        everything = list(range(len(self.masters)))
-        self.read_group(everything)
+        # in the step's sub-groups: arenas of the sizes the steps use, which a caching
+        # (pinned) host allocator then gives back to them
+        subs = list(self._sub_groups())
+        for sub in subs:
+            self.read_group(sub)
         self.swapper.wait_reads()
         try:
             yield
         finally:
-            for i in everything:
+            for i in range(len(self.masters)):
                 self._swap_out(i)
             self.swapper.wait_writes()
-            self.drop_group(everything)
+            for sub in subs:
+                self.drop_group(sub)
             self.arenas.release_spare()

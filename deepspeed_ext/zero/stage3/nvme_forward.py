@@ -160,3 +160,5 @@ class ForwardSteps:
             for i in sub:
                 del self._grads[i]
         self._read_ahead(pos)
+        if not self._left:  # the last: only its own arena stays, until settle() ends its write
+            self.swap.arenas.release_spare()

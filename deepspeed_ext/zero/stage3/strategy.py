@@ -312,8 +312,20 @@ class Stage3Strategy:
         g = self.reducer.part_of(p)
         return g if g.dtype == torch.float32 or self.mixed_grads_ok else g.float()
 
+    def _backward_steps_closed(self, what: str) -> None:
+        """[Note: optimizer steps in backward]: between a boundary backward and engine.step()
+        some sub-groups have stepped and one may be in memory: nothing else may read or
+        write the masters' files then."""
+        if self.backward_steps is not None and self.backward_steps.open:
+            raise RuntimeError(
+                f"{what} between a boundary backward and engine.step() with "
+                "zero_optimization.offload_optimizer.step_in_backward: the optimizer is part "
+                "way through its step; call engine.step() first"
+            )
+
     def resident_optimizer(self) -> Any:
         """A context in which the optimizer's state is all in memory (checkpoints)."""
+        self._backward_steps_closed("a checkpoint save or load")
         self.settle()
         import contextlib
 
@@ -353,6 +365,7 @@ class Stage3Strategy:
         def sync_master(m: torch.Tensor = m, p: Any = p) -> None:
             # GatheredParameters changed the parameter
             if self.optimizer_swap is not None:  # the master lives in its swap file
+                self._backward_steps_closed("a GatheredParameters change")
                 self.settle()
                 self.optimizer_swap.write_master(p, read_shard(p))
             else:

@@ -6,8 +6,11 @@ arena, each tensor carved at an offset of the aio op's alignment (so its O_DIREC
 no bounce copy). When the sub-group has been written back, its arena serves the next one
 read, instead of each tensor getting fresh memory that the kernel must fault in and zero
 (measured: about a tenth of the forward with step_in_forward on the 48M GPT, 2 ranks,
-docs/benchmarks.md). Spare arenas are freed when the sub-groups of one step are all done
-(`release_spare`), so that between steps memory holds no more than without them.
+docs/benchmarks.md). Spare arenas are freed once the sub-groups of one step have all stepped
+(`release_spare`; with steps in the forward, after the last of them, whose own arena goes
+when its write is waited), so that between steps memory holds no more than without them.
+A checkpoint reads everything in the step's sub-groups, each in an arena of its own, so
+that a caching (pinned) host allocator gets back blocks of the sizes the steps ask for.
 Whoever drops a sub-group must hold no view of its arena after: ParamSwap copies a value
 handed over from a master when the arena goes back while a read-ahead still counts on it,
 and a gather runs its shards' pending steps before it reads any of them (a later shard's

@@ -1,6 +1,8 @@
 """ZeRO stage 3 gives the parameters stage 0 gives, on 2 and 4 real gloo ranks: partitioned
 parameters gathered by module hooks, gradients reduce-scattered into shards."""
 
+import os
+
 import pytest
 import torch
 
@@ -220,6 +222,8 @@ def _step_in_backward_misuse(path: str, case: str) -> str:
         for _ in range(2):  # two boundary backwards, no step between
             x, y = batch(0, 0, 4)
             engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+            if case == "save":  # a checkpoint with the step part way done
+                engine.save_checkpoint(os.path.join(path, "ck"))
     except (ValueError, RuntimeError) as e:
         return str(e)
     return "no error"
@@ -227,10 +231,12 @@ def _step_in_backward_misuse(path: str, case: str) -> str:
 
 def test_steps_in_backward_misuse_is_refused_by_name(tmp_path):
     msgs = [
-        run_ranks(_step_in_backward_misuse, 1, str(tmp_path), c)[0] for c in ("sub_group", "twice")
+        run_ranks(_step_in_backward_misuse, 1, str(tmp_path), c)[0]
+        for c in ("sub_group", "twice", "save")
     ]
     assert "sub_group_size=1000000000" in msgs[0] and "set sub_group_size to about" in msgs[0]
     assert "call engine.step() before the next backward" in msgs[1], msgs[1]
+    assert msgs[2].startswith("a checkpoint save or load between a boundary backward"), msgs[2]
 
 
 def test_bf16_nvme_keeps_shard_files_of_their_own(tmp_path):
