@@ -15,7 +15,7 @@ import torch
 from deepspeed_ext.comm import group_broadcast
 
 from .gather import gather_params, release_params
-from .param import is_zero_param, own_slice, write_shard
+from .param import is_zero_param, own_slice, step_pending, write_shard
 
 
 def _as_list(params: Any) -> list[Any]:
@@ -59,6 +59,9 @@ class GatheredParameters:
 
     @torch.no_grad()
     def _scatter_changes(self) -> None:
+        # an update deferred by an engine.step() inside the context ([Note: optimizer steps
+        # in forward]) lands before the change, which then wins, as it does without deferral
+        step_pending(self.params)
         groups = {(p.dtype, id(p.ds_process_group)): p.ds_process_group for p in self.params}
         for (dtype, gid), dp in groups.items():
             same = [p for p in self.params if p.dtype == dtype and id(p.ds_process_group) == gid]

@@ -195,6 +195,11 @@ def _client_job(path: str, forward: bool) -> dict:
     with GatheredParameters([p], modifier_rank=0):
         p.data.fill_(0.5)
     out["losses"].append(_micro_steps(engine, 2))
+    out["mid"] = _watched(engine)
+    # kept gathered across an engine.step(): the change made after it wins, deferred or not
+    with GatheredParameters([p], modifier_rank=0):
+        out["losses"].append(_micro_steps(engine, 3))
+        p.data.fill_(0.25)
     out["final"] = _all(engine)
     engine.destroy()
     return out
@@ -207,9 +212,11 @@ def test_steps_in_forward_under_inference_mode_edits_and_client_schedulers(tmp_p
         assert a["eval"] == b["eval"]
         _assert_equal(a, b)
         assert b["norms"][1] == 0.0, b["norms"]
-        # the edit reached the master: 3 small steps later the weight is still near 0.5
-        drift = (a["final"][WATCHED].float() - 0.5).abs().max()
-        assert drift < 0.1, drift
+        assert torch.equal(a["mid"], b["mid"])
+        # the edit reached the master: a step later the weight is still near 0.5
+        assert (a["mid"].float() - 0.5).abs().max() < 0.1, a["mid"]
+        # the last edit came after every step: the weight is exactly it
+        assert bool((a["final"][WATCHED] == 0.25).all()), a["final"][WATCHED]
 
 
 def _sub_groups(path: str, size: int | None, threshold: int = 0) -> str:
