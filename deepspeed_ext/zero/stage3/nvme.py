@@ -436,6 +436,14 @@ class OptimizerSwap:
             for k in self._state_tensors(self.masters[i]):
                 self.swapper.wait_read(f"master{i}.{k}")
 
+    def end_writes(self, *groups: list[int]) -> None:
+        """The last sub-groups of a step: their writes completed, they leave memory, and
+        with them the spare arenas ([Note: sub-group arenas])."""
+        self.swapper.wait_writes()
+        for sub in groups:
+            self.drop_group(sub)
+        self.arenas.release_spare()
+
     def drop_group(self, sub: list[int]) -> None:
         """`sub` leaves memory (written back, or unchanged); its arena serves the next read
         once none of its masters is left in memory."""
@@ -475,9 +483,7 @@ class OptimizerSwap:
                 written = []
             if not self.pipeline_read and k + 1 < len(subs):
                 self.read_group(subs[k + 1])
-        sw.wait_writes()
-        self.drop_group(written)
-        self.arenas.release_spare()
+        self.end_writes(written)
 
     @contextmanager
     def resident(self) -> Iterator[None]:
@@ -493,7 +499,4 @@ class OptimizerSwap:
         finally:
             for i in range(len(self.masters)):
                 self._swap_out(i)
-            self.swapper.wait_writes()
-            for sub in subs:
-                self.drop_group(sub)
-            self.arenas.release_spare()
+            self.end_writes(*subs)

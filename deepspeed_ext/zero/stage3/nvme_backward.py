@@ -84,9 +84,7 @@ class BackwardSteps:
         self._filling, self._filling_numel = [], 0
         self._advance(grad_of, rest, in_backward=False)
         self._advance(grad_of, [], in_backward=False)
-        self.swap.swapper.wait_writes()
-        self.swap.drop_group(self._writing)
-        self.swap.arenas.release_spare()
+        self.swap.end_writes(self._writing)
         self._writing = []
         self.open = False
         return frozenset(self.done)

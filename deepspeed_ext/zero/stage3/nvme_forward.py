@@ -6,12 +6,12 @@ unless step_in_backward is set, since the step after the backward is bound by th
 docs/benchmarks.md): engine.step() does what needs every gradient -- the global norm, the
 overflow check, clipping, the loss-scale update -- and then, instead of reading, updating
 and writing every sub-group of optimizer state while nothing else runs, leaves the updates
-pending. A sub-group steps when one of its
-parameters' shards is first read (a gather or a read-ahead: read_shard and ParamSwap look at
-`ds_step_pending`), so in the next forward each sub-group steps just before its layers
-gather, and its state's reads and writes overlap the compute of the layers before and after.
-Unlike [Note: optimizer steps in backward], this works with gradient clipping, fp16 and
-overflow checks, which are all decided before anything is deferred.
+pending. A sub-group steps when one of its parameters' shards is first read (a gather or a
+read-ahead: read_shard and ParamSwap look at `ds_step_pending`), so in the next forward each
+sub-group steps just before its layers gather, and its state's reads and writes overlap
+the compute of the layers before and after. Unlike [Note: optimizer steps in backward],
+this works with gradient clipping, fp16 and overflow checks, which are all decided before
+anything is deferred.
 - Exact: each sub-group steps once with the gradients (already clipped and unscaled) and
   the hyperparameters of its engine.step(), snapshotted before the LR scheduler moves; the
   gradient partitions are kept (the reducer starts new ones) until their sub-group steps.
@@ -104,9 +104,7 @@ class ForwardSteps:
             self._run(self._left[0])
             self.swap.stats["stepped_at_settle"] += 1
         self._forget(self._writing)
-        self.swap.swapper.wait_writes()
-        self.swap.drop_group(self._writing)
-        self.swap.arenas.release_spare()
+        self.swap.end_writes(self._writing)
         self._writing = []
         if self.after_settle is not None:
             done, self.after_settle = self.after_settle, None

@@ -112,8 +112,8 @@ def convert(
 
 def read_shard(p: Any) -> torch.Tensor:
     """This rank's shard [S]; read back from NVMe when it was swapped out. Copy it before
-    the next read_shard: a deferred step that read runs may reuse its memory ([Note:
-    sub-group arenas]; step_pending runs them up front)."""
+    the next read_shard: a deferred step that the next read runs may reuse its memory
+    ([Note: sub-group arenas]; step_pending runs such steps up front)."""
     step_pending([p])
     return p.ds_swap.fetch(p) if p.ds_swap is not None else p.ds_tensor
 

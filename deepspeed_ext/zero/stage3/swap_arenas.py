@@ -42,13 +42,12 @@ class SwapArenas:
         self, shapes: list[tuple[int, torch.dtype]]
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """An arena holding tensors of (numel, dtype) each, and those tensors (1-D views)."""
-        sizes = [_aligned(n * torch.empty(0, dtype=d).element_size()) for n, d in shapes]
-        arena = self._take(max(ALIGN, sum(sizes)))
+        nbytes = [n * d.itemsize for n, d in shapes]
+        arena = self._take(max(ALIGN, sum(_aligned(b) for b in nbytes)))
         views, off = [], 0
-        for (numel, dtype), size in zip(shapes, sizes):
-            nbytes = numel * torch.empty(0, dtype=dtype).element_size()
-            views.append(arena[off : off + nbytes].view(dtype))
-            off += size
+        for (_, dtype), b in zip(shapes, nbytes):
+            views.append(arena[off : off + b].view(dtype))
+            off += _aligned(b)
         return arena, views
 
     def give(self, arena: torch.Tensor) -> None:
