@@ -4,11 +4,15 @@ a bucket all-gathered back. Both async; both identities in a world of one.
 [Note: in-place collectives on gloo]
 gloo's flat reduce-scatter stages the whole bucket in a temporary (measured: +1x the bucket
 per call in flight) and runs slower than an in-place all-reduce of the same bucket (about 2x
-on 2 CPU ranks); its flat all-gather stages +1.5x. On gloo both therefore run as in-place
-all-reduces of the bucket: the reduce-scatter all-reduces it and this rank's chunk is the
-result; the all-gather zeroes the other ranks' chunks and all-reduces (a sum with zeros is
-exact). ZeRO's memory bound (a few buckets in flight) then holds on the CPU too. NCCL keeps
-its native collectives.
+on 2 CPU ranks). On gloo it runs as pairwise exchanges instead ([Note: reduce-scatter by
+exchange], exchange.py), through at most 16 MB of scratch; all_reduce_bucket (reduce_scatter
+false) is the in-place all-reduce, this rank's chunk of the sum its result. gloo's flat
+all-gather stages +1x to +1.5x the bucket too, so on gloo the all-gather is one in-place
+broadcast per rank, each rank's chunk from its owner straight into the bucket: no temporary,
+and (measured with torch 2.13 on 2 and 4 CPU ranks, 12-100 MB buckets) 2-2.6x faster than
+the all-reduce of the bucket with the other chunks zeroed that it used to be, 1.6-3x faster
+than the flat all-gather. ZeRO's memory bound (a few buckets in flight) then holds on the
+CPU too. NCCL keeps its native collectives.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import torch
 from deepspeed_ext.accelerator import get_accelerator
 
 from .checked import all_gather_into, dist, is_host_group
-from .layout import AxisGroup, resolve
+from .exchange import Exchange
+from .layout import AxisGroup, axis_of, resolve
 
 # torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
 _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -29,6 +34,18 @@ _REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 class _Done:
     def wait(self) -> None:
         return None
+
+
+class _All:
+    """Pending collectives that complete together."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self, *args: Any) -> None:
+        for work in self.works:
+            work.wait(*args)
+        self.works = []
 
 
 class _Then:
@@ -65,7 +82,7 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
             out.copy_(bucket)
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
-        return _all_reduce_own(out, bucket, group, pg, size)
+        return Exchange(out, bucket, axis_of(group), pg)
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
 
 
@@ -96,12 +113,17 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
         bucket.copy_(chunk)
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
-        lo, hi = _own_bounds(bucket, group, pg, size)
-        if bucket[lo:hi].data_ptr() != chunk.data_ptr():
-            bucket[lo:hi].copy_(chunk)
-        bucket[:lo].zero_()
-        bucket[hi:].zero_()
-        return dist.all_reduce(bucket, group=pg, async_op=True)
+        axis = axis_of(group)
+        c = bucket.numel() // size
+        own = bucket[axis.rank * c : (axis.rank + 1) * c]
+        if own.data_ptr() != chunk.data_ptr():
+            own.copy_(chunk)
+        return _All(
+            [
+                dist.broadcast(bucket[i * c : (i + 1) * c], src=src, group=pg, async_op=True)
+                for i, src in enumerate(axis.ranks)
+            ]
+        )
     return all_gather_into(bucket, chunk, group=pg, async_op=True)
 
 

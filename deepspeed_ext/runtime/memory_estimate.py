@@ -18,6 +18,8 @@ runtime keeps in flight, from the model and the DeepSpeed config.
                  parameters and filled buckets trade places during backward (a module's
                  parameters are released as its gradients land), so their larger one counts.
                  Stages 0 and 1 reduce in their full-size gradient buffers: nothing more.
+                 On gloo, stages 1-3 add the scratch of the reduce-scatters in flight
+                 ([Note: reduce-scatter by exchange]: at most 16 MB a process).
 Not counted: the process itself (interpreter, torch and its optimizer machinery: about 100
 MB of host memory per rank on torch 2.13, whatever the model), the model built whole before
 partitioning (4 bytes a parameter for a moment, unless built under zero.Init), and memory
@@ -34,6 +36,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from deepspeed_ext.accelerator import get_accelerator
+from deepspeed_ext.comm.exchange import budget as exchange_budget
+from deepspeed_ext.comm.exchange import scratch_bytes
 from deepspeed_ext.config import DeepSpeedConfig, parse
 from deepspeed_ext.zero.estimate import model_to_params, zero_model_state_memory
 
@@ -125,4 +130,9 @@ def estimate_job_memory(
         threshold = int(zero.stage3_param_persistence_threshold)
         kept = sum(p.numel() for p in params if p.numel() <= threshold)
         buffers = max(gathered * p_bytes, pool) + largest * g_bytes + kept * p_bytes
+    if stage >= 1 and world_size > 1 and get_accelerator().communication_backend_name() == "gloo":
+        # reductions in flight: stage 1 starts every bucket's at the boundary
+        flight = -(-psi // max(1, bucket)) if stage == 1 else 2
+        one = scratch_bytes(bucket, world_size, c_bytes)
+        buffers += min(exchange_budget(), flight * one)
     return JobMemory(states.device, int(activations), int(buffers), states.host)

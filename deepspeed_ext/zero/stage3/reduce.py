@@ -12,7 +12,8 @@ partition. Buckets come from a pool of at most `max_in_flight` + 1 buffers, reus
 the backward pass and freed at its end; reduce_bucket_size is what they hold together (each
 1 / (max_in_flight + 1) of it), so overlapping a reduction with the next bucket's filling
 costs no memory over overlap_comm false: at 4 ranks, two 12.8 MB buckets were 13 MB of a 277
-MB peak; a parameter whose shards alone exceed C gets a buffer of its own for that one
+MB peak (on gloo each reduction in flight adds its receive scratch, [Note: reduce-scatter by
+exchange]); a parameter whose shards alone exceed C gets a buffer of its own for that one
 reduction (its gradient itself, when that divides into W equal shards). Whatever is pending
 when backward ends is flushed by end_backward().
 

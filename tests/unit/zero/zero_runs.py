@@ -185,19 +185,25 @@ def train_with_comm_keys(stage: int, keys: dict[str, Any]) -> dict:
 
 def train_in_comm_dtype(stage: int, dtype: str | None) -> dict:
     """train() with communication_data_type ([Note: communication dtype]), adding up the
-    elements all-reduced per dtype (on gloo every gradient reduction is an all-reduce)."""
+    gradient elements each rank puts on the wire per dtype: all-reduced (stage 0's buckets)
+    or sent to their owners (ZeRO's reduce-scatter on gloo: [Note: reduce-scatter by
+    exchange])."""
     import collections
 
     import torch.distributed as td
 
     reduced: collections.Counter[str] = collections.Counter()
-    real = td.all_reduce
+    real_all_reduce, real_isend = td.all_reduce, td.isend
 
     def all_reduce(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         reduced[str(t.dtype).removeprefix("torch.")] += t.numel()
-        return real(t, *args, **kwargs)
+        return real_all_reduce(t, *args, **kwargs)
 
-    td.all_reduce = all_reduce
+    def isend(t: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        reduced[str(t.dtype).removeprefix("torch.")] += t.numel()
+        return real_isend(t, *args, **kwargs)
+
+    td.all_reduce, td.isend = all_reduce, isend
     extra: dict[str, Any] = {
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 500},
         # plain SGD: each update is the reduced gradient itself (Adam would amplify the

@@ -1,0 +1,28 @@
+"""ZeRO's bucket collectives on gloo ranks ([Note: in-place collectives on gloo], [Note:
+reduce-scatter by exchange]): the reduce-scatter as pairwise exchanges and the all-gather as
+per-rank broadcasts give the exact sums and chunks, over the world and over a subgroup whose
+group ranks are not its global ranks, with several exchanges in flight and big buckets cut into
+pieces through a bounded scratch."""
+
+from __future__ import annotations
+
+from tests.helpers.distributed import run_ranks
+from tests.unit.comm.sharded_runs import exchanges
+
+# bytes: 16 fp32 columns a piece; whole up to 64 elements from peers; 2 such in flight
+PIECE, WHOLE, BUDGET = 64, 256, 512
+
+
+def test_exchange_and_broadcast_collectives_on_3_ranks():
+    sizes = [1, 5, 31, 32, 33, 200, 1000]  # chunk elements: whole, then more and more pieces
+    results = run_ranks(exchanges, 3, sizes, PIECE, WHOLE, BUDGET, timeout=240)
+    for rank, out in enumerate(results):
+        assert out["errors"] == [], (rank, out["errors"])
+        for w, n, scratch in out["scratch"]:  # fp32: 4 bytes an element
+            if (w - 1) * n * 4 <= WHOLE:  # received whole, in the background
+                assert scratch == (w - 1) * n * 4, (w, n, scratch)
+            else:  # two pieces of at most PIECE from each peer in flight
+                assert scratch == 2 * (w - 1) * PIECE, (w, n, scratch)
+        # the budget completed older exchanges instead of holding more scratch
+        assert max(out["in_flight"]) <= BUDGET < sum(s for *_, s in out["scratch"][:7])
+    assert results[0]["axis"] == (0, 2) and results[1]["axis"] is None
