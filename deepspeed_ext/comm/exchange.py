@@ -15,7 +15,16 @@ scratch buffers, 2 x (W-1) pieces (2 MB on 2 ranks, never over _SCRATCH_MAX); th
 pieces run in the background and each later one starts as wait() retires an earlier one
 (gloo's point-to-point works make no progress report before wait()), so such a bucket
 overlaps less of the backward than an all-reduce would; the biggest are the end-of-backward
-flush, waited at once. The exchanges in flight in a process hold at most _SCRATCH_MAX (16
+flush, waited at once.
+
+Across nodes the exchange is not always the better one: a node of L of the W ranks sends
+L (W - L) chunks to the others, where the ring all-reduce carries 2 (W - 1) over a node's
+boundary each way. pays() keeps the exchange while it sends no more (one node; 2 nodes x 2
+ranks: 4 against 6 chunks; a hierarchical reduce-scatter's groups: one rank per node, or one
+node) and leaves the all-reduce otherwise: bench/hierarchical_allreduce.py (a 1 Gbit/s link
+between two network namespaces, a 25 MB bucket) measured the flat reduce-scatter at 238 ms
+by exchange against 336 ms by all-reduce at 2 x 2, and 480 ms against 400 ms at 2 x 4
+(16 against 14 chunks). The exchanges in flight in a process hold at most _SCRATCH_MAX (16
 MB) together: a new one that would pass it first completes the oldest (stage 1 starts all its
 buckets' reductions at once). Measured on 2 ranks: a peak-memory test's stage 1 (67 MB buckets)
 peaked as with the all-reduce with 1 MB pieces, 4-6 MB higher with 2 MB pieces, 10-20 MB
@@ -31,7 +40,9 @@ small tags of other point-to-point traffic between the same ranks.
 
 from __future__ import annotations
 
-from collections import deque
+import os
+from collections import Counter, deque
+from functools import cache
 from typing import Any
 
 import torch
@@ -62,6 +73,18 @@ def scratch_bytes(bucket_numel: int, world: int, itemsize: int) -> int:
         return 0
     cols = _columns(c, world, itemsize)
     return min(2, -(-c // cols)) * (world - 1) * min(cols, c) * itemsize
+
+
+@cache
+def pays(ranks: tuple[int, ...]) -> bool:
+    """Whether the exchange beats the all-reduce over these global ranks: always inside one
+    node; across nodes only while no node sends more bytes to the others than the all-reduce's
+    ring carries over a node's boundary (nodes: every LOCAL_WORLD_SIZE consecutive ranks)."""
+    w = len(ranks)
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or max(ranks) + 1
+    local = Counter(r // per_node for r in ranks).values()
+    # a node of L members sends L (W - L) chunks out; the ring 2 (W - 1) each way
+    return max(n * (w - n) for n in local) <= 2 * (w - 1)
 
 
 def budget() -> int:

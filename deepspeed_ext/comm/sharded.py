@@ -11,8 +11,9 @@ all-gather stages +1x to +1.5x the bucket too, so on gloo the all-gather is one 
 broadcast per rank, each rank's chunk from its owner straight into the bucket: no temporary,
 and (measured with torch 2.13 on 2 and 4 CPU ranks, 12-100 MB buckets) 2-2.6x faster than
 the all-reduce of the bucket with the other chunks zeroed that it used to be, 1.6-3x faster
-than the flat all-gather. ZeRO's memory bound (a few buckets in flight) then holds on the
-CPU too. NCCL keeps its native collectives.
+than the flat all-gather. Across nodes both keep to the all-reduce where it puts fewer bytes
+over a node's boundary (exchange.pays()). ZeRO's memory bound (a few buckets in flight)
+then holds on the CPU too. NCCL keeps its native collectives.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 from deepspeed_ext.accelerator import get_accelerator
 
 from .checked import all_gather_into, dist, is_host_group
-from .exchange import Exchange
+from .exchange import Exchange, pays
 from .layout import AxisGroup, axis_of, resolve
 
 # torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
@@ -82,7 +83,10 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
             out.copy_(bucket)
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
-        return Exchange(out, bucket, axis_of(group), pg)
+        axis = axis_of(group)
+        if pays(axis.ranks):  # [Note: reduce-scatter by exchange]
+            return Exchange(out, bucket, axis, pg)
+        return _all_reduce_own(out, bucket, group, pg, size)
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
 
 
@@ -118,6 +122,10 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
         own = bucket[axis.rank * c : (axis.rank + 1) * c]
         if own.data_ptr() != chunk.data_ptr():
             own.copy_(chunk)
+        if not pays(axis.ranks):  # as many bytes over a node's boundary as the exchange's
+            bucket[: axis.rank * c].zero_()
+            bucket[(axis.rank + 1) * c :].zero_()
+            return dist.all_reduce(bucket, group=pg, async_op=True)
         return _All(
             [
                 dist.broadcast(bucket[i * c : (i + 1) * c], src=src, group=pg, async_op=True)
