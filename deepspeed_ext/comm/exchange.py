@@ -15,22 +15,26 @@ scratch buffers, 2 x (W-1) pieces (2 MB on 2 ranks, never over _SCRATCH_MAX); th
 pieces run in the background and each later one starts as wait() retires an earlier one
 (gloo's point-to-point works make no progress report before wait()), so such a bucket
 overlaps less of the backward than an all-reduce would; the biggest are the end-of-backward
-flush, waited at once.
+flush, waited at once. A group's exchanges in flight hold at most _SCRATCH_MAX (16 MB): a new
+one that would pass it first completes the group's oldest (stage 1 starts all its buckets'
+reductions at once). The budget is per group, so whether a rank completes an exchange early
+depends on that group's buckets alone, which all its ranks share. Measured on 2 ranks: a
+peak-memory test's stage 1 (67 MB buckets) peaked as with the all-reduce with 1 MB pieces,
+4-6 MB higher with 2 MB pieces, 10-20 MB with 8 MB pieces (0-25% faster than 1 MB); on the
+48M GPT at stage 3 with 12.8 MB buckets (4.3 MB each in flight) the backward took 0.62-0.63 s
+received whole, 0.68 s in 1 MB pieces, 0.69 s by all-reduce.
 
 Across nodes the exchange is not always the better one: a node of L of the W ranks sends
 L (W - L) chunks to the others, where the ring all-reduce carries 2 (W - 1) over a node's
 boundary each way. pays() keeps the exchange while it sends no more (one node; 2 nodes x 2
-ranks: 4 against 6 chunks; a hierarchical reduce-scatter's groups: one rank per node, or one
-node) and leaves the all-reduce otherwise: bench/hierarchical_allreduce.py (a 1 Gbit/s link
-between two network namespaces, a 25 MB bucket) measured the flat reduce-scatter at 238 ms
-by exchange against 336 ms by all-reduce at 2 x 2, and 480 ms against 400 ms at 2 x 4
-(16 against 14 chunks). The exchanges in flight in a process hold at most _SCRATCH_MAX (16
-MB) together: a new one that would pass it first completes the oldest (stage 1 starts all its
-buckets' reductions at once). Measured on 2 ranks: a peak-memory test's stage 1 (67 MB buckets)
-peaked as with the all-reduce with 1 MB pieces, 4-6 MB higher with 2 MB pieces, 10-20 MB
-with 8 MB pieces (0-25% faster than 1 MB); on the 48M GPT at stage 3 with 12.8 MB buckets
-(4.3 MB each in flight) the backward took 0.62-0.63 s received whole, 0.68 s in 1 MB pieces,
-0.69 s by all-reduce.
+ranks: 4 against 6 chunks; a hierarchical reduce-scatter's groups: one rank a node, or one
+node) and the all-reduce otherwise. Nodes are every LOCAL_WORLD_SIZE consecutive ranks; at a
+group's first bucket its ranks compare their LOCAL_WORLD_SIZE in one small all-reduce, so
+all decide alike, and nodes of different sizes keep the all-reduce. bench/
+hierarchical_allreduce.py (a 1 Gbit/s link between two network namespaces, a 25 MB bucket)
+measured the flat reduce-scatter at 238 ms by exchange against 336 ms by all-reduce at 2 x 2,
+and 480 ms against 400 ms at 2 x 4 (16 against 14 chunks). Only host tensors take either
+path (gloo's point-to-point takes no CUDA memory).
 
 Matching: gloo pairs a send with a receive by (peer, tag), in the order they were posted on
 the pair's one connection. Every rank of the group posts its exchanges' pieces in the same
@@ -42,7 +46,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter, deque
-from functools import cache
 from typing import Any
 
 import torch
@@ -54,7 +57,9 @@ _PIECE_BYTES = 1 << 20  # received from one peer in one piece of a bucket cut in
 _WHOLE_BYTES = 4 << 20  # a bucket whose peers' chunks hold at most this goes in one piece
 _SCRATCH_MAX = 16 << 20  # the scratch of all exchanges in flight in this process
 _TAG = 0x5EC7A6
-_live: deque[Exchange] = deque()  # started, not yet complete, oldest first
+# per group (its global ranks): exchanges started and not yet complete, oldest first
+_live: dict[tuple[int, ...], deque[Exchange]] = {}
+_pays: dict[tuple[int, ...], bool] = {}
 
 
 def _columns(chunk: int, world: int, itemsize: int) -> int:
@@ -75,16 +80,36 @@ def scratch_bytes(bucket_numel: int, world: int, itemsize: int) -> int:
     return min(2, -(-c // cols)) * (world - 1) * min(cols, c) * itemsize
 
 
-@cache
-def pays(ranks: tuple[int, ...]) -> bool:
-    """Whether the exchange beats the all-reduce over these global ranks: always inside one
-    node; across nodes only while no node sends more bytes to the others than the all-reduce's
-    ring carries over a node's boundary (nodes: every LOCAL_WORLD_SIZE consecutive ranks)."""
+def pays(axis: AxisGroup, pg: Any) -> bool:
+    """Whether the exchange beats the all-reduce over the group (decided at its first
+    bucket, alike on every rank): always inside one node; across nodes only while no node
+    sends more bytes to the others than the all-reduce's ring carries over a node's boundary.
+    Nodes are every LOCAL_WORLD_SIZE consecutive ranks, as the ranks agree on it; where they
+    do not (nodes of different sizes), the all-reduce."""
+    got = _pays.get(axis.ranks)
+    if got is None:
+        mine = int(os.environ.get("LOCAL_WORLD_SIZE") or 0)
+        # one collective, the same on every rank of the group: the largest and smallest
+        both = torch.tensor([mine, -mine], dtype=torch.int64, device=torch.device("cpu"))
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=pg)
+        hi, lo = int(both[0]), -int(both[1])
+        got = hi == lo and beats_ring(axis.ranks, hi)
+        _pays[axis.ranks] = got
+    return got
+
+
+def beats_ring(ranks: tuple[int, ...], per_node: int) -> bool:
+    """No node of `per_node` consecutive ranks (0: one node) holds L of the W ranks with
+    L (W - L) chunks to send out above the ring all-reduce's 2 (W - 1) each way."""
     w = len(ranks)
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 0) or max(ranks) + 1
-    local = Counter(r // per_node for r in ranks).values()
-    # a node of L members sends L (W - L) chunks out; the ring 2 (W - 1) each way
+    local = Counter(r // per_node for r in ranks).values() if per_node > 0 else [w]
     return max(n * (w - n) for n in local) <= 2 * (w - 1)
+
+
+def forget() -> None:
+    """Drop what this module keeps of process groups (their groups are being destroyed)."""
+    _live.clear()
+    _pays.clear()
 
 
 def budget() -> int:
@@ -92,8 +117,9 @@ def budget() -> int:
     return _SCRATCH_MAX
 
 
-def scratch_in_flight() -> int:
-    return sum(x.scratch_bytes for x in _live)
+def scratch_in_flight(ranks: tuple[int, ...]) -> int:
+    """The scratch of the group's exchanges in flight."""
+    return sum(x.scratch_bytes for x in _live.get(ranks, ()))
 
 
 class Exchange:
@@ -112,10 +138,11 @@ class Exchange:
         cols = _columns(c, w, size)
         self.pieces = deque((a, min(a + cols, c)) for a in range(0, c, cols))
         self.scratch_bytes = scratch_bytes(bucket.numel(), w, size)
-        # Over budget: complete the oldest exchanges first. Every rank of a group decides
-        # alike (the same buckets in the same order), so the waits match.
-        while _live and scratch_in_flight() + self.scratch_bytes > _SCRATCH_MAX:
-            _live[0].wait()
+        # Over budget: complete the group's oldest exchanges first. Every rank of the group
+        # decides alike (its same buckets in the same order), so the pieces match.
+        self.live = _live.setdefault(axis.ranks, deque())
+        while self.live and scratch_in_flight(axis.ranks) + self.scratch_bytes > _SCRATCH_MAX:
+            self.live[0].wait()
         n = min(cols, c)
         slots = min(2, len(self.pieces))
         self.scratch = [
@@ -125,7 +152,7 @@ class Exchange:
         for buf in self.scratch:
             self._start(buf)
         if self.scratch:
-            _live.append(self)
+            self.live.append(self)
 
     def _start(self, buf: torch.Tensor) -> None:
         a, b = self.pieces.popleft()
@@ -147,6 +174,6 @@ class Exchange:
                 self._start(buf)
         if self.scratch:
             self.scratch = []
-            _live.remove(self)
+            self.live.remove(self)
             if self.own.data_ptr() != self.out.data_ptr():
                 self.out.copy_(self.own)

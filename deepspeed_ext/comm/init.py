@@ -14,6 +14,7 @@ import torch.distributed as dist
 from deepspeed_ext.accelerator import get_accelerator, strict
 from deepspeed_ext.utils.logging import logger
 
+from . import exchange
 from .env import DistEnv, discover
 
 _env: DistEnv | None = None
@@ -128,6 +129,7 @@ def _destroy_at_exit() -> None:
     for release in _release_at_exit:
         release()
     layout.forget_groups()
+    exchange.forget()
     if dist.is_initialized():
         try:
             dist.destroy_process_group()
@@ -171,5 +173,6 @@ def destroy_process_group(group: Any = None) -> None:
     strict.install()  # DS_EXT_DEVICE_STRICT=1: [Note: device-strict mode]
     if dist.is_initialized():
         dist.destroy_process_group(group)
+    exchange.forget()
     if group is None:
         _env = None

@@ -66,6 +66,12 @@ def _in_place(pg: Any) -> bool:
     return dist.get_backend(pg) == "gloo"
 
 
+def _host(t: torch.Tensor) -> bool:
+    """gloo's point-to-point and broadcast paths here take host memory only (a GPU run on
+    gloo keeps the all-reduce)."""
+    return t.device.type == "cpu"
+
+
 def _own_bounds(bucket: torch.Tensor, group: Any, pg: Any, size: int) -> tuple[int, int]:
     """[lo, hi) of this rank's chunk of the bucket."""
     rank = group.rank if isinstance(group, AxisGroup) else dist.get_rank(pg)
@@ -84,7 +90,7 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         axis = axis_of(group)
-        if pays(axis.ranks):  # [Note: reduce-scatter by exchange]
+        if _host(bucket) and pays(axis, pg):  # [Note: reduce-scatter by exchange]
             return Exchange(out, bucket, axis, pg)
         return _all_reduce_own(out, bucket, group, pg, size)
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
@@ -122,7 +128,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
         own = bucket[axis.rank * c : (axis.rank + 1) * c]
         if own.data_ptr() != chunk.data_ptr():
             own.copy_(chunk)
-        if not pays(axis.ranks):  # as many bytes over a node's boundary as the exchange's
+        if not (_host(bucket) and pays(axis, pg)):  # see reduce_scatter_bucket
             bucket[: axis.rank * c].zero_()
             bucket[(axis.rank + 1) * c :].zero_()
             return dist.all_reduce(bucket, group=pg, async_op=True)

@@ -133,6 +133,7 @@ def estimate_job_memory(
     if stage >= 1 and world_size > 1 and get_accelerator().communication_backend_name() == "gloo":
         # reductions in flight: stage 1 starts every bucket's at the boundary
         flight = -(-psi // max(1, bucket)) if stage == 1 else 2
-        one = scratch_bytes(bucket, world_size, c_bytes)
+        # stage 3's pooled buffers share reduce_bucket_size three ways (two in flight)
+        one = scratch_bytes(bucket // 3 if stage == 3 else bucket, world_size, c_bytes)
         buffers += min(exchange_budget(), flight * one)
     return JobMemory(states.device, int(activations), int(buffers), states.host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -55,7 +56,7 @@ def exchanges(sizes: list[int], piece: int, whole: int, budget: int) -> dict[str
             work = reduce_scatter_bucket(shard, mine, group=group)
             used = sum(b.numel() * b.element_size() for b in work.scratch)
             out["scratch"].append((w, n, used))
-            out["in_flight"].append(exchange.scratch_in_flight())
+            out["in_flight"].append(exchange.scratch_in_flight(tuple(members)))
             pending.append((work, shard, total[me * n : (me + 1) * n], f"{gname} rs {n}"))
         for work, shard, want, name in reversed(pending):
             work.wait()
@@ -72,4 +73,12 @@ def exchanges(sizes: list[int], piece: int, whole: int, budget: int) -> dict[str
             all_gather_bucket(bucket, bucket[me * n : (me + 1) * n], group=group).wait()
             check(f"{gname} ag in place {n}", bucket, full)
     out["axis"] = axis_of(pair).ranks if rank in (0, 2) else None
+    # node sizes: agreed (the same LOCAL_WORLD_SIZE everywhere: one node of 3), then not
+    world = axis_of(None)
+    exchange.forget()
+    os.environ["LOCAL_WORLD_SIZE"] = "3"
+    agreed = exchange.pays(world, None)
+    exchange.forget()
+    os.environ["LOCAL_WORLD_SIZE"] = "1" if rank == 2 else "2"
+    out["pays"] = (agreed, exchange.pays(world, None))
     return out

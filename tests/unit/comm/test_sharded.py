@@ -26,21 +26,17 @@ def test_exchange_and_broadcast_collectives_on_3_ranks():
         # the budget completed older exchanges instead of holding more scratch
         assert max(out["in_flight"]) <= BUDGET < sum(s for *_, s in out["scratch"][:7])
     assert results[0]["axis"] == (0, 2) and results[1]["axis"] is None
+    # ranks that disagree on LOCAL_WORLD_SIZE (nodes of 2 and 1) all keep the all-reduce
+    assert [out["pays"] for out in results] == [(True, False)] * 3
 
 
-def test_exchange_only_where_no_node_sends_more_than_the_ring(monkeypatch):
-    """exchange.pays: inside one node always; across nodes while a node of L of the W ranks
-    sends L (W - L) chunks out against the all-reduce ring's 2 (W - 1)."""
-    from deepspeed_ext.comm import exchange
+def test_exchange_only_where_no_node_sends_more_than_the_ring():
+    """exchange.beats_ring: inside one node always; across nodes while a node of L of the W
+    ranks sends L (W - L) chunks out against the all-reduce ring's 2 (W - 1)."""
+    from deepspeed_ext.comm.exchange import beats_ring
 
-    for per_node, ranks, want in [
-        ("4", (0, 1, 2, 3), True),  # one node
-        ("4", tuple(range(8)), False),  # 2 x 4: 16 chunks against 14
-        ("2", (0, 1, 2, 3), True),  # 2 x 2: 4 against 6
-        ("4", (0, 4), True),  # a hierarchical cross-node group: one rank a node
-        ("", tuple(range(8)), True),  # no launcher's LOCAL_WORLD_SIZE: one node
-    ]:
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", per_node)
-        exchange.pays.cache_clear()
-        assert exchange.pays(ranks) is want, (per_node, ranks)
-    exchange.pays.cache_clear()
+    assert beats_ring((0, 1, 2, 3), 4)  # one node
+    assert not beats_ring(tuple(range(8)), 4)  # 2 x 4: 16 chunks against 14
+    assert beats_ring((0, 1, 2, 3), 2)  # 2 x 2: 4 against 6
+    assert beats_ring((0, 4), 4)  # a hierarchical cross-node group: one rank a node
+    assert beats_ring(tuple(range(8)), 0)  # no launcher's LOCAL_WORLD_SIZE: one node
