@@ -66,10 +66,12 @@ def _in_place(pg: Any) -> bool:
     return dist.get_backend(pg) == "gloo"
 
 
-def _host(t: torch.Tensor) -> bool:
-    """gloo's point-to-point and broadcast paths here take host memory only (a GPU run on
-    gloo keeps the all-reduce)."""
-    return t.device.type == "cpu"
+def _peer_to_peer(bucket: torch.Tensor, axis: AxisGroup, pg: Any) -> bool:
+    """Whether a gloo bucket goes by exchange / per-rank broadcasts rather than the in-place
+    all-reduce: host memory only (gloo's point-to-point takes no CUDA memory, so a GPU run on
+    gloo keeps the all-reduce), and where it pays across nodes ([Note: reduce-scatter by
+    exchange])."""
+    return bucket.device.type == "cpu" and pays(axis, pg)
 
 
 def _own_bounds(bucket: torch.Tensor, group: Any, pg: Any, size: int) -> tuple[int, int]:
@@ -90,7 +92,7 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
         return _Done()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         axis = axis_of(group)
-        if _host(bucket) and pays(axis, pg):  # [Note: reduce-scatter by exchange]
+        if _peer_to_peer(bucket, axis, pg):
             return Exchange(out, bucket, axis, pg)
         return _all_reduce_own(out, bucket, group, pg, size)
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
@@ -128,7 +130,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
         own = bucket[axis.rank * c : (axis.rank + 1) * c]
         if own.data_ptr() != chunk.data_ptr():
             own.copy_(chunk)
-        if not (_host(bucket) and pays(axis, pg)):  # see reduce_scatter_bucket
+        if not _peer_to_peer(bucket, axis, pg):
             bucket[: axis.rank * c].zero_()
             bucket[(axis.rank + 1) * c :].zero_()
             return dist.all_reduce(bucket, group=pg, async_op=True)
