@@ -10,7 +10,7 @@ false) is the in-place all-reduce, this rank's chunk of the sum its result. gloo
 all-gather stages +1x to +1.5x the bucket too, so on gloo the all-gather is one in-place
 broadcast per rank, each rank's chunk from its owner straight into the bucket: no temporary,
 and (measured with torch 2.13 on 2 and 4 CPU ranks, 12-100 MB buckets) 2-2.6x faster than
-the all-reduce of the bucket with the other chunks zeroed that it used to be, 1.6-3x faster
+the all-reduce of the bucket with the other chunks zeroed that it used to be, 1.5-3.1x faster
 than the flat all-gather. Across nodes both keep to the all-reduce where it puts fewer bytes
 over a node's boundary (exchange.pays()). ZeRO's memory bound (a few buckets in flight)
 then holds on the CPU too. NCCL keeps its native collectives.
