@@ -92,6 +92,7 @@ class Stage3Strategy:
         self.optimizer_swap: Any = None
         self.backward_steps: Any = None  # [Note: optimizer steps in backward]
         self.forward_steps: Any = None  # [Note: optimizer steps in forward]
+        self._early_after = self._early_wait = 0.0  # deferred elements: state read early
         if options.param_offload == "nvme":
             self._params_to_nvme()
         self.end = EndOfBackward(self.end_backward)  # [Note: end of backward]
@@ -254,9 +255,10 @@ class Stage3Strategy:
         """[Note: optimizer steps in forward]: persistent parameters (never read from their
         shards) step in engine.step(). Not `chosen` (the key unset, the default): only
         where something can step later, and sub_group_size only as an upper bound."""
-        from .nvme_forward import ForwardSteps
+        from .nvme_forward import EARLY_AFTER, ForwardSteps
 
         self._eager = frozenset(i for i, p in enumerate(self.trainable) if p.ds_persist)
+        self._deferred = frozenset(range(len(self.trainable))) - self._eager
         deferred = [p for p in self.trainable if not p.ds_persist]
         if not deferred and not chosen:
             return  # every trainable parameter is kept gathered: they step in engine.step()
@@ -264,6 +266,7 @@ class Stage3Strategy:
             "step_in_forward", "as the next forward reaches them", deferred, chosen
         )
         self.forward_steps = ForwardSteps(self.optimizer_swap)
+        self._early_after = EARLY_AFTER * sum(p.ds_shard_numel for p in deferred)
         if not chosen and self.rank == 0:
             logger.info(
                 "offload_optimizer (nvme): each optimizer sub-group steps in the next forward, "
@@ -273,7 +276,15 @@ class Stage3Strategy:
             )
 
     def settle(self) -> None:
-        """Deferred optimizer steps done before anything else reads what they change."""
+        """Deferred optimizer steps done, and optimizer state read early dropped, before
+        anything else reads or writes what they hold ([Note: optimizer steps in forward])."""
+        if self.forward_steps is not None:
+            self.forward_steps.settle()
+            self.forward_steps.drop_early()
+
+    def _settle_steps(self) -> None:
+        """settle() on the way from a backward to its engine.step(), which reads neither
+        masters nor optimizer state: the state read early stays, for defer() to take."""
         if self.forward_steps is not None:
             self.forward_steps.settle()
 
@@ -293,7 +304,7 @@ class Stage3Strategy:
             optimizer.step()
             return
         # the swapped step also writes the new values into the shards
-        self.settle()
+        self._settle_steps()
         done: frozenset[int] = frozenset()
         steps = self.backward_steps
         if steps is not None and steps.open:
@@ -409,9 +420,12 @@ class Stage3Strategy:
                 "every micro-step so that no rank keeps a full copy; use stage 0 or 1"
             )
         self._engine_backward = True
-        self.settle()
+        self._settle_steps()
         steps = self.backward_steps
         if steps is None:
+            if boundary and self.forward_steps is not None:
+                self._early_wait = self._early_after
+                self.reducer.on_reduced = self._reduced_early
             return
         if steps.open:  # [Note: optimizer steps in backward]
             raise RuntimeError(
@@ -433,13 +447,22 @@ class Stage3Strategy:
                 "the key"
             )
 
+    def _reduced_early(self, params: list[Any]) -> None:
+        """[Note: optimizer steps in forward]: the next step's first sub-groups are read once
+        a fraction of the deferred masters' gradients are final."""
+        index = self.optimizer_swap.index
+        self._early_wait -= sum(p.ds_shard_numel for p in params if index[id(p)] in self._deferred)
+        if self._early_wait <= 0:
+            self.reducer.on_reduced = None
+            self.forward_steps.read_early(self._eager)
+
     def _reduced(self, params: list[Any]) -> None:
         idx = [self.optimizer_swap.index[id(p)] for p in params]
         self.backward_steps.reduced(idx, self._grad_at)
 
     def begin_pass(self) -> None:
         """A backward pass is running (called from its hooks): arm the end callback."""
-        self.settle()
+        self._settle_steps()
         self._in_backward = True
         self.end.arm()
 
@@ -457,7 +480,7 @@ class Stage3Strategy:
 
     # -- the step --
     def grad_sq_sum(self) -> torch.Tensor:
-        self.settle()  # engine.step() with no backward since the last: zeroing was deferred
+        self._settle_steps()  # engine.step() with no backward since the last: zeroing deferred
         sq = sum_of_squares(self.reducer.grads(), collective_device(self.dp))
         return sum_tensor_over(sq, self.dp)
 
@@ -494,6 +517,8 @@ class Stage3Strategy:
 
     def zero_grads(self) -> None:
         fwd = self.forward_steps
+        if fwd is not None:  # a skipped step (overflow) defers nothing: no reason to keep it
+            fwd.drop_early()
         if fwd is not None and fwd.pending and self.reducer.resident:
             fwd.after_settle = self.reducer.zero  # pending updates read them in place
         else:  # a pending update keeps its own reference to each partition

@@ -55,16 +55,19 @@ def _engine(path: str, forward: bool, bf16: bool = False, client: bool = False) 
     return engine
 
 
-def _micro_steps(engine: Any, step: int, resident: bool = False) -> float:
+def _micro_steps(engine: Any, step: int, resident: bool = False, between: Any = None) -> float:
+    """between(engine): called after the boundary backward, before its engine.step()."""
     rank = int(os.environ["RANK"])
     g = torch.Generator().manual_seed(1000 * step + rank)
     loss = torch.zeros(())
-    for _ in range(2):
+    for micro in range(2):
         idx = torch.randint(0, 32, (2, 17), generator=g)
         loss = engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous())
         engine.backward(loss)
         if resident:  # partitions kept and zeroed in place, as with a GPU model
             engine.strategy.reducer.resident = True
+        if micro == 1 and between is not None:
+            between(engine)
         engine.step()
     return float(loss.detach())
 
@@ -140,6 +143,8 @@ def test_steps_in_forward_equal_the_step_in_engine_step(tmp_path):
     assert stats["stepped_at_settle"] >= 4, stats  # several sub-groups a step
     assert stats["stepped_in_forward"] == 3 * stats["stepped_at_settle"], stats
     assert "stepped_in_forward" not in ref[0]["stats"], ref[0]["stats"]
+    # each boundary backward read the next step's first three sub-groups
+    assert stats["read_in_backward"] == 4 * 3, stats
     # [Note: sub-group arenas]: later sub-groups are read into the memory of earlier ones
     arenas = got[0]["arenas"]
     assert arenas["arenas_reused"] > arenas["arenas_made"], arenas
@@ -308,3 +313,80 @@ def test_steps_in_forward_by_default(tmp_path):
     assert got["unset, all persistent"].startswith("step "), got
     assert got["false"] == f"step {10**9} of {total}", got
     assert got["unset, step_in_backward"] == f"backward {eighth}", got
+
+
+def _between_job(path: str, ckpt: str, forward: bool) -> dict:
+    """Between a boundary backward and its engine.step(), where the next step's first
+    sub-groups are already read: a GatheredParameters edit (it writes the master's file,
+    so their copy is stale), a checkpoint save (it reads every sub-group), a state dict."""
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    def edit(engine: Any) -> None:
+        p = dict(engine.module.named_parameters())[WATCHED]
+        with GatheredParameters([p], modifier_rank=0):
+            p.data.fill_(0.5)
+
+    def save(engine: Any) -> None:
+        engine.save_checkpoint(ckpt, tag="between")
+
+    engine = _engine(path, forward)
+    out: dict[str, Any] = {"losses": [], "norms": [], "lrs": [], "watched": []}
+    for step, between in enumerate([None, edit, save, None]):
+        out["losses"].append(_micro_steps(engine, step, between=between))
+        out["norms"].append(engine.get_global_grad_norm())
+        out["lrs"].append(engine.get_lr()[0])
+    out["final"] = _all(engine)
+    out["stats"] = dict(engine.strategy.optimizer_swap.stats)
+    engine.destroy()
+    return out
+
+
+def test_state_read_in_backward_is_dropped_by_what_changes_or_reads_it(tmp_path):
+    """Bit-equal to the run with every update made in engine.step()."""
+    ref = run_ranks(_between_job, 2, str(tmp_path / "ref"), str(tmp_path / "ck_ref"), False)
+    got = run_ranks(_between_job, 2, str(tmp_path / "fwd"), str(tmp_path / "ck_fwd"), True)
+    for a, b in zip(got, ref):
+        _assert_equal(a, b)
+    assert got[0]["stats"]["read_in_backward"] == 4 * 3, got[0]["stats"]
+
+
+def _overflow_job(path: str) -> dict:
+    """fp16 with a loss scale that overflows: the skipped step defers nothing, and the
+    state read during its backward leaves memory instead of waiting a step."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from examples.gpt import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=32, seq_len=16, n_layer=2, n_head=2, d_model=32))
+    nvme = {"device": "nvme", "nvme_path": path}
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "fp16": {"enabled": True, "initial_scale_power": 32},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "sub_group_size": 1500,
+            "offload_param": {**nvme, "max_in_cpu": 0},
+            "offload_optimizer": nvme,
+        },
+    }
+    engine, _, _, _ = initialize(model=model, config=cfg)
+    idx = torch.randint(0, 32, (2, 17), generator=torch.Generator().manual_seed(3))
+    out: dict[str, Any] = {"early": []}
+    for _ in range(2):
+        engine.backward(engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous()))
+        out["early"].append(len(engine.strategy.forward_steps._early))
+        engine.step()
+        out["early"].append(len(engine.strategy.forward_steps._early))
+    out["skipped"] = engine.skipped_steps
+    out["arenas_after"] = len(engine.strategy.optimizer_swap._arena_of)
+    engine.destroy()
+    return out
+
+
+def test_state_read_in_backward_leaves_with_a_skipped_step(tmp_path):
+    got = run_ranks(_overflow_job, 2, str(tmp_path))[0]
+    assert got["skipped"] == 2, got
+    assert got["early"] == [3, 0, 3, 0], got
+    assert got["arenas_after"] == 0, got
