@@ -105,14 +105,15 @@ class Zero3Contender(zs.ZeroContender):
         return argv, {**env, **self.env}, cwd
 
 
-def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(doc: str | None = None, warmup: int = 1) -> argparse.Namespace:
+    """doc and warmup: another benchmark's description and default warm-up steps."""
+    ap = argparse.ArgumentParser(description=(doc or __doc__).split("\n\n")[0])
     ap.add_argument("--smoke", action="store_true", help="tiny model, one round, few steps")
     ap.add_argument("--no-upstream", action="store_true", help="skip the upstream peer")
     ap.add_argument("--no-memory-pass", action="store_true", help="skip the fixed-mmap jobs")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="timed steps per job")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps first, per job")
+    ap.add_argument("--warmup", type=int, default=warmup, help="untimed steps first, per job")
     ap.add_argument("--micro-batch", type=int, default=1, help="per rank")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of every rank")
