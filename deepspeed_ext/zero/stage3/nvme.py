@@ -345,9 +345,10 @@ class OptimizerSwap:
             yield group
 
     # -- the step --
-    def read_group(self, sub: list[int], background: bool = False) -> None:
+    def read_group(self, sub: list[int], background: bool = False, exact: bool = False) -> None:
         """Starts reading the masters of `sub` and their states into one arena ([Note:
-        sub-group arenas]; async: wait_group, or wait_reads() with the same `background`)."""
+        sub-group arenas]; async: wait_group, or wait_reads() with the same `background`;
+        exact: as SwapArenas.carve)."""
         shapes: list[tuple[int, torch.dtype]] = []
         keys: list[tuple[int, str]] = []  # (master, state key; "" for the master itself)
         for i in sub:
@@ -357,7 +358,7 @@ class OptimizerSwap:
             for k, v in self._state_tensors(m).items():
                 shapes.append((numel, v.dtype))
                 keys.append((i, k))
-        arena, views = self.arenas.carve(shapes)
+        arena, views = self.arenas.carve(shapes, exact)
         for i in sub:
             self._arena_of[i] = arena
         for (i, k), view in zip(keys, views):
@@ -460,19 +461,23 @@ class OptimizerSwap:
 
     @torch.no_grad()
     def step(
-        self, grad_of: Callable[[int], torch.Tensor], skip: frozenset[int] = frozenset()
+        self,
+        grad_of: Callable[[int], torch.Tensor],
+        skip: frozenset[int] = frozenset(),
+        exact: bool = False,
     ) -> None:
         """Every master not in `skip` steps, one sub-group at a time (step_and_write); reads and
-        writes overlap the steps as configured ([Note: pipelined optimizer swap])."""
+        writes overlap the steps as configured ([Note: pipelined optimizer swap]). exact: new
+        arenas fit these sub-groups alone (SwapArenas.carve)."""
         sw = self.swapper
         subs = list(self._sub_groups(skip))
         written: list[int] = []  # stepped and being written, not yet dropped
         if subs:
-            self.read_group(subs[0])
+            self.read_group(subs[0], exact=exact)
         for k, sub in enumerate(subs):
             sw.wait_reads()  # sub-group k is in memory
             if self.pipeline_read and k + 1 < len(subs):
-                self.read_group(subs[k + 1])  # overlaps this step
+                self.read_group(subs[k + 1], exact=exact)  # overlaps this step
                 self.stats["overlapped_reads"] += 1
             if self.pipeline_write:  # the previous sub-group's write overlaps this step
                 self.stats["overlapped_writes"] += bool(written)
@@ -482,7 +487,7 @@ class OptimizerSwap:
                 self.drop_group(written)
                 written = []
             if not self.pipeline_read and k + 1 < len(subs):
-                self.read_group(subs[k + 1])
+                self.read_group(subs[k + 1], exact=exact)
         self.end_writes(written)
 
     @contextmanager

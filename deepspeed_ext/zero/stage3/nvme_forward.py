@@ -138,6 +138,7 @@ class ForwardSteps:
             self._early.append(sub)  # only once submitted, as in _read_ahead
             self.swap.stats["read_in_backward"] += 1
 
+    @torch.inference_mode(False)
     def drop_early(self) -> None:
         """The sub-groups read during the backward leave memory unchanged (their files hold
         the same), their reads done."""

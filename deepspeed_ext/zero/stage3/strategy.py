@@ -311,7 +311,8 @@ class Stage3Strategy:
             done = steps.finish(self._grad_at)
         if self.forward_steps is not None:
             everything = frozenset(range(len(self.trainable)))
-            swap.step(self._grad_at, skip=everything - self._eager)
+            # the persistent parameters, beside the sub-groups read early for the forward
+            swap.step(self._grad_at, skip=everything - self._eager, exact=True)
             self.forward_steps.defer(self._grad_at, skip=self._eager)
         else:
             swap.step(self._grad_at, skip=done)
@@ -423,6 +424,8 @@ class Stage3Strategy:
         self._settle_steps()
         steps = self.backward_steps
         if steps is None:
+            # armed for a boundary backward only (one that reached no parameter leaves it set)
+            self.reducer.on_reduced = None
             if boundary and self.forward_steps is not None:
                 self._early_wait = self._early_after
                 self.reducer.on_reduced = self._reduced_early

@@ -39,11 +39,13 @@ class SwapArenas:
         self.stats = {"arenas_made": 0, "arenas_reused": 0}
 
     def carve(
-        self, shapes: list[tuple[int, torch.dtype]]
+        self, shapes: list[tuple[int, torch.dtype]], exact: bool = False
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """An arena holding tensors of (numel, dtype) each, and those tensors (1-D views)."""
+        """An arena holding tensors of (numel, dtype) each, and those tensors (1-D views).
+        exact: a new arena holds just these (a step of other sub-groups than the ones
+        sizing the arenas), instead of the largest size made since release_spare()."""
         nbytes = [n * d.itemsize for n, d in shapes]
-        arena = self._take(max(ALIGN, sum(_aligned(b) for b in nbytes)))
+        arena = self._take(max(ALIGN, sum(_aligned(b) for b in nbytes)), exact)
         views, off = [], 0
         for (_, dtype), b in zip(shapes, nbytes):
             views.append(arena[off : off + b].view(dtype))
@@ -63,7 +65,7 @@ class SwapArenas:
         self._spare = []
         self._largest = 0  # the next step's sub-groups set it again (not a checkpoint's all)
 
-    def _take(self, nbytes: int) -> torch.Tensor:
+    def _take(self, nbytes: int, exact: bool = False) -> torch.Tensor:
         fits = [a for a in self._spare if a.numel() >= nbytes]
         if fits:
             best = min(fits, key=lambda a: a.numel())
@@ -71,5 +73,7 @@ class SwapArenas:
             self.stats["arenas_reused"] += 1
             return best
         self.stats["arenas_made"] += 1
+        if exact:
+            return self.swapper.empty(nbytes, torch.uint8)
         self._largest = max(self._largest, nbytes)
         return self.swapper.empty(self._largest, torch.uint8)

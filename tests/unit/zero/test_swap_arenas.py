@@ -45,6 +45,21 @@ def test_views_are_aligned_apart_and_reused(swapper):
     assert arenas.stats["arenas_made"] == 3  # nothing spare after release_spare
 
 
+def test_exact_arenas_fit_their_group_alone(swapper):
+    """A new arena is made as large as the largest since release_spare(), so that later
+    sub-groups of a step fit it; the persistent parameters' step beside sub-groups read
+    early for the forward asks for just its own size."""
+    arenas = SwapArenas(swapper)
+    big, _ = arenas.carve([(100_000, torch.float32)])
+    small, _ = arenas.carve([(10, torch.float32)])
+    assert small.numel() == big.numel()  # sized for the next sub-groups of the step
+    tiny, _ = arenas.carve([(10, torch.float32)], exact=True)
+    assert tiny.numel() == ALIGN
+    arenas.give(tiny)
+    again, _ = arenas.carve([(5, torch.float32)])  # a spare that fits is reused as before
+    assert again.data_ptr() == tiny.data_ptr()
+
+
 def test_spare_arenas_are_bounded(swapper):
     arenas = SwapArenas(swapper)
     held = [arenas.carve([(1024 * (k + 1), torch.float32)])[0] for k in range(6)]
