@@ -29,14 +29,14 @@ def is_host_group(group: Any) -> bool:
     return any(group is g for g in _host_groups)
 
 
-def _checked(name: str, fn: Any) -> Any:
+def _checked(name: str, fn: Any, logged: bool = True) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
         if strict.active():
             strict.check_collective(
                 name, list(args) + list(kwargs.values()), not is_host_group(kwargs.get("group"))
             )
         t0 = time.perf_counter()
-        if comms_logger.wants(name):
+        if logged and comms_logger.wants(name):
             n = _td.get_world_size(kwargs.get("group")) if _td.is_initialized() else 1
             out = timed_call(name, fn, args, kwargs, n)
         else:
@@ -57,18 +57,24 @@ def _new_group(*args: Any, **kwargs: Any) -> Any:
 
 
 class _Dist:
-    """Forwards to torch.distributed; the tensor collectives go through the check."""
+    """Forwards to torch.distributed; the tensor collectives go through the check.
+    logged false: the comms logger does not see them, because they are the parts of one
+    collective recorded whole (comms_logging.logical_call)."""
+
+    def __init__(self, logged: bool = True) -> None:
+        self._logged = logged
 
     def __getattr__(self, name: str) -> Any:
         fn = getattr(_td, name)
         if name in _TENSOR_OPS:
-            return _checked(name, fn)
+            return _checked(name, fn, self._logged)
         if name == "new_group":
             return _new_group
         return fn
 
 
 dist: Any = _Dist()
+parts: Any = _Dist(logged=False)
 
 
 def all_gather_into(out: Any, inp: Any, **kwargs: Any) -> Any:

@@ -8,7 +8,9 @@ its name and message size. Message size is the whole buffer the collective moves
 reduced tensor, the gathered output, the scattered input. Bandwidths as nccl-tests defines
 them: algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for the
 gathers, scatters and all_to_all, x 1 for broadcast, reduce and point-to-point, so busbw is
-comparable with the link's speed whatever the op.
+comparable with the link's speed whatever the op. A collective this runtime makes of other
+calls (ZeRO's gloo reduce-scatter and all-gather) is one row under the name of the
+collective it stands for (logical_call), not rows of its parts.
 """
 
 from __future__ import annotations
@@ -220,6 +222,29 @@ class TimedWork:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._work, name)
+
+
+def logical_call(op: str, size: int, n: int, issue: Any) -> Any:
+    """issue() starts one collective made of other torch.distributed calls (on gloo, ZeRO's
+    bucket reduce-scatter as point-to-point exchanges, its all-gather as one broadcast per
+    rank; [Note: in-place collectives on gloo]) and returns its pending handle: recorded as
+    `op` of `size` bytes over `n` ranks, from the issue to its wait(). Its parts go through
+    checked.parts, which the logger does not see, so that a row is what the caller asked for
+    and its busbw compares with the native collective's."""
+    if not comms_logger.wants(op):
+        return issue()
+    from deepspeed_ext.accelerator import get_accelerator
+
+    sync = get_accelerator().synchronize
+    sync()
+    t0 = time.perf_counter()
+    work = issue()
+
+    def done() -> None:
+        sync()
+        comms_logger.append(op, time.perf_counter() - t0, size, n)
+
+    return TimedWork(work, done)
 
 
 def timed_call(op: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], n: int) -> Any:

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from .checked import dist
+from .checked import dist, parts
 from .layout import AxisGroup
 
 _PIECE_BYTES = 1 << 20  # received from one peer in one piece of a bucket cut in pieces
@@ -158,8 +158,8 @@ class Exchange:
         a, b = self.pieces.popleft()
         n, works = b - a, []
         for k, (peer, chunk) in enumerate(self.peers):
-            works.append(dist.isend(chunk[a:b], peer, group=self.pg, tag=_TAG))
-            works.append(dist.irecv(buf[k * n : (k + 1) * n], peer, group=self.pg, tag=_TAG))
+            works.append(parts.isend(chunk[a:b], peer, group=self.pg, tag=_TAG))
+            works.append(parts.irecv(buf[k * n : (k + 1) * n], peer, group=self.pg, tag=_TAG))
         self.pending.append((works, buf, a, b))
 
     def wait(self, *args: Any) -> None:

@@ -13,7 +13,9 @@ and (measured with torch 2.13 on 2 and 4 CPU ranks, 12-100 MB buckets) 2-2.6x fa
 the all-reduce of the bucket with the other chunks zeroed that it used to be, 1.5-3.1x faster
 than the flat all-gather. Across nodes both keep to the all-reduce where it puts fewer bytes
 over a node's boundary (exchange.pays()). ZeRO's memory bound (a few buckets in flight)
-then holds on the CPU too. NCCL keeps its native collectives.
+then holds on the CPU too. NCCL keeps its native collectives. The comms logger shows each
+exchange or set of broadcasts as the one reduce_scatter_tensor / all_gather_into_tensor
+it stands for (comms_logging.logical_call).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ import torch
 
 from deepspeed_ext.accelerator import get_accelerator
 
-from .checked import all_gather_into, dist, is_host_group
+from .checked import all_gather_into, dist, is_host_group, parts
+from .comms_logging import logical_call
 from .exchange import Exchange, pays
 from .layout import AxisGroup, axis_of, resolve
 
@@ -62,6 +65,10 @@ class _Then:
             self.then = None
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 def _in_place(pg: Any) -> bool:
     return dist.get_backend(pg) == "gloo"
 
@@ -93,7 +100,12 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         axis = axis_of(group)
         if _peer_to_peer(bucket, axis, pg):
-            return Exchange(out, bucket, axis, pg)
+            return logical_call(
+                "reduce_scatter_tensor",
+                _nbytes(bucket),
+                size,
+                lambda: Exchange(out, bucket, axis, pg),
+            )
         return _all_reduce_own(out, bucket, group, pg, size)
     return _REDUCE_SCATTER(out, bucket, group=pg, async_op=True)
 
@@ -134,11 +146,16 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
             bucket[: axis.rank * c].zero_()
             bucket[(axis.rank + 1) * c :].zero_()
             return dist.all_reduce(bucket, group=pg, async_op=True)
-        return _All(
-            [
-                dist.broadcast(bucket[i * c : (i + 1) * c], src=src, group=pg, async_op=True)
-                for i, src in enumerate(axis.ranks)
-            ]
+        return logical_call(
+            "all_gather_into_tensor",
+            _nbytes(bucket),
+            size,
+            lambda: _All(
+                [
+                    parts.broadcast(bucket[i * c : (i + 1) * c], src=src, group=pg, async_op=True)
+                    for i, src in enumerate(axis.ranks)
+                ]
+            ),
         )
     return all_gather_into(bucket, chunk, group=pg, async_op=True)
 

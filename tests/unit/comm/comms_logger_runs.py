@@ -72,3 +72,34 @@ def engine_logs_its_collectives(out_dir: str) -> dict[str, Any]:
         lines = [json.loads(x) for x in path.read_text().splitlines()]
     comm.configure(enabled=False)
     return {"names": names, "metrics": lines}
+
+
+def zero_buckets_log_as_one_collective() -> dict[str, Any]:
+    """ZeRO's bucket collectives on gloo, made of point-to-point exchanges and per-rank
+    broadcasts ([Note: in-place collectives on gloo]): one row each, under the name of the
+    collective they stand for."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.comm.sharded import all_gather_bucket, reduce_scatter_bucket
+
+    comm.init_distributed()
+    rank, dev = comm.get_rank(), comm.collective_device(None)  # a ZeRO bucket's device
+    small = torch.arange(2048, dtype=torch.float32, device=dev) + rank  # received whole
+    big = torch.full((2 * 1_200_000,), rank + 1.0, device=dev)  # over 4 MB a peer: in pieces
+    reduce_scatter_bucket(torch.empty(1024, device=dev), small.clone()).wait()  # nodes agreed
+    comm.configure(enabled=True, prof_all=True, verbose=False, debug=False)
+    out = torch.empty(1024, device=dev)
+    for _ in range(2):
+        reduce_scatter_bucket(out, small.clone()).wait()
+    big_out = torch.empty(1_200_000, device=dev)
+    reduce_scatter_bucket(big_out, big).wait()
+    gathered = torch.empty(2048, device=dev)
+    all_gather_bucket(gathered, out).wait()
+    rows = comm.comms_logger.summary_rows()
+    comm.configure(enabled=False)
+    comm.comms_logger.reset_data()
+    return {
+        "rows": {k: {s: v["count"] for s, v in sizes.items()} for k, sizes in rows.items()},
+        "out": out,
+        "big_out": big_out,
+        "gathered": gathered,
+    }

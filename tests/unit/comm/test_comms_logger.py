@@ -61,6 +61,23 @@ def test_two_ranks_log_what_they_issued() -> None:
     assert "Comm. Op" in rank0 and "broadcast | [Caller Func" in rank0 and rank1 == ""
 
 
+def test_zero_buckets_on_gloo_log_as_the_collective_they_stand_for() -> None:
+    """Not as the isend/irecv and broadcast calls they are made of: a user reads the rows
+    ZeRO's reduce-scatter and all-gather would make on NCCL, with their sizes and busbw."""
+    small_bytes, big_bytes = 2048 * 4, 2_400_000 * 4
+    r0, r1 = run_ranks(runs.zero_buckets_log_as_one_collective, 2, timeout=120)
+    for r in (r0, r1):
+        assert r["rows"] == {
+            "reduce_scatter_tensor": {small_bytes: 2, big_bytes: 1},
+            "all_gather_into_tensor": {small_bytes: 1},
+        }, r["rows"]
+    ranks = torch.arange(2048, dtype=torch.float32)
+    summed = 2 * ranks + 1  # rank r's bucket is arange + r
+    assert torch.equal(r0["out"], summed[:1024]) and torch.equal(r1["out"], summed[1024:])
+    assert bool((r0["big_out"] == 3).all()) and bool((r1["big_out"] == 3).all())
+    assert torch.equal(r0["gathered"], summed) and torch.equal(r1["gathered"], summed)
+
+
 def test_the_engine_logs_its_gradient_collectives_and_reports_them_per_step(
     tmp_path: Path,
 ) -> None:
