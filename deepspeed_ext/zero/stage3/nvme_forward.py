@@ -142,6 +142,8 @@ class ForwardSteps:
     def drop_early(self) -> None:
         """The sub-groups read during the backward leave memory unchanged (their files hold
         the same), their reads done."""
+        if not self._early:
+            return
         while self._early:
             sub = self._early[0]
             self.swap.wait_group(sub)  # an error leaves the rest for the next call
