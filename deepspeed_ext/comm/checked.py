@@ -77,8 +77,16 @@ dist: Any = _Dist()
 parts: Any = _Dist(logged=False)
 
 
+# torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names
+ALL_GATHER_OP = (
+    "all_gather_single" if hasattr(_td, "all_gather_single") else "all_gather_into_tensor"
+)
+REDUCE_SCATTER_OP = (
+    "reduce_scatter_single" if hasattr(_td, "reduce_scatter_single") else "reduce_scatter_tensor"
+)
+
+
 def all_gather_into(out: Any, inp: Any, **kwargs: Any) -> Any:
     """Every rank's `inp` into `out` (concatenated in group-rank order): torch's single-tensor
     all-gather under the name this torch has."""
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return gather(out, inp, **kwargs)
+    return getattr(dist, ALL_GATHER_OP)(out, inp, **kwargs)

@@ -122,6 +122,17 @@ def scratch_in_flight(ranks: tuple[int, ...]) -> int:
     return sum(x.scratch_bytes for x in _live.get(ranks, ()))
 
 
+def make_room(axis: AxisGroup, bucket: torch.Tensor) -> None:
+    """Over budget with the bucket's exchange: complete the group's oldest exchanges first.
+    Every rank of the group decides alike (its same buckets in the same order), so the
+    pieces match. Called before an exchange is timed (the comms logger), so that its time
+    is its own."""
+    live = _live.get(axis.ranks)
+    need = scratch_bytes(bucket.numel(), axis.size, bucket.element_size())
+    while live and scratch_in_flight(axis.ranks) + need > _SCRATCH_MAX:
+        live[0].wait()
+
+
 class Exchange:
     """out <- this rank's chunk of the sum over the group of every rank's bucket; the bucket
     is W equal chunks in group-rank order. Started at once; wait() completes it."""
@@ -138,11 +149,8 @@ class Exchange:
         cols = _columns(c, w, size)
         self.pieces = deque((a, min(a + cols, c)) for a in range(0, c, cols))
         self.scratch_bytes = scratch_bytes(bucket.numel(), w, size)
-        # Over budget: complete the group's oldest exchanges first. Every rank of the group
-        # decides alike (its same buckets in the same order), so the pieces match.
+        make_room(axis, bucket)
         self.live = _live.setdefault(axis.ranks, deque())
-        while self.live and scratch_in_flight(axis.ranks) + self.scratch_bytes > _SCRATCH_MAX:
-            self.live[0].wait()
         n = min(cols, c)
         slots = min(2, len(self.pieces))
         self.scratch = [

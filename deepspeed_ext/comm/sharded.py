@@ -14,8 +14,8 @@ the all-reduce of the bucket with the other chunks zeroed that it used to be, 1.
 than the flat all-gather. Across nodes both keep to the all-reduce where it puts fewer bytes
 over a node's boundary (exchange.pays()). ZeRO's memory bound (a few buckets in flight)
 then holds on the CPU too. NCCL keeps its native collectives. The comms logger shows each
-exchange or set of broadcasts as the one reduce_scatter_tensor / all_gather_into_tensor
-it stands for (comms_logging.logical_call).
+exchange or set of broadcasts as the one reduce-scatter / all-gather it stands for, under
+the name NCCL's call has on this torch (comms_logging.logical_call).
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import torch
 
 from deepspeed_ext.accelerator import get_accelerator
 
-from .checked import all_gather_into, dist, is_host_group, parts
+from .checked import ALL_GATHER_OP, REDUCE_SCATTER_OP, all_gather_into, dist, is_host_group, parts
 from .comms_logging import logical_call
-from .exchange import Exchange, pays
+from .exchange import Exchange, make_room, pays
 from .layout import AxisGroup, axis_of, resolve
 
-# torch 2.13 renamed the flat collectives (*_single) and warns on every call of the old names.
-_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_REDUCE_SCATTER = getattr(dist, REDUCE_SCATTER_OP)
 
 
 class _Done:
@@ -100,8 +99,9 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         axis = axis_of(group)
         if _peer_to_peer(bucket, axis, pg):
+            make_room(axis, bucket)  # older exchanges completed outside this one's time
             return logical_call(
-                "reduce_scatter_tensor",
+                REDUCE_SCATTER_OP,
                 _nbytes(bucket),
                 size,
                 lambda: Exchange(out, bucket, axis, pg),
@@ -147,7 +147,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
             bucket[(axis.rank + 1) * c :].zero_()
             return dist.all_reduce(bucket, group=pg, async_op=True)
         return logical_call(
-            "all_gather_into_tensor",
+            ALL_GATHER_OP,
             _nbytes(bucket),
             size,
             lambda: _All(
