@@ -390,3 +390,31 @@ def test_state_read_in_backward_leaves_with_a_skipped_step(tmp_path):
     assert got["skipped"] == 2, got
     assert got["early"] == [3, 0, 3, 0], got
     assert got["arenas_after"] == 0, got
+
+
+def _hook_job(path: str) -> list[int]:
+    """A boundary backward whose loss reaches no parameter (no gradient hook fires, so the
+    backward's end callback never runs): the next, non-boundary, backward reads nothing
+    early. Sub-groups read early after each backward."""
+    engine = _engine(path, True)
+    g = torch.Generator().manual_seed(5)
+    early = []
+
+    def backward(loss: torch.Tensor) -> None:
+        engine.backward(loss)
+        early.append(len(engine.strategy.forward_steps._early))
+
+    for micro in range(4):  # accumulation 2: micro-steps 1 and 3 are boundaries
+        if micro == 1:
+            backward(torch.ones((), requires_grad=True) * 2.0)
+        else:
+            idx = torch.randint(0, 32, (2, 17), generator=g)
+            backward(engine(idx[:, :-1].contiguous(), idx[:, 1:].contiguous()))
+        engine.step()
+    engine.destroy()
+    return early
+
+
+def test_state_is_read_early_in_boundary_backwards_only(tmp_path):
+    got = run_ranks(_hook_job, 1, str(tmp_path))[0]
+    assert got == [0, 0, 0, 3], got
