@@ -135,7 +135,9 @@ def make_room(axis: AxisGroup, bucket: torch.Tensor) -> None:
 
 class Exchange:
     """out <- this rank's chunk of the sum over the group of every rank's bucket; the bucket
-    is W equal chunks in group-rank order. Started at once; wait() completes it."""
+    is W equal chunks in group-rank order. Started at once; wait() completes it. The caller
+    first calls make_room for the bucket (reduce_scatter_bucket does), which keeps the group
+    within its scratch budget."""
 
     def __init__(self, out: torch.Tensor, bucket: torch.Tensor, axis: AxisGroup, pg: Any) -> None:
         w, size = axis.size, bucket.element_size()
@@ -149,7 +151,6 @@ class Exchange:
         cols = _columns(c, w, size)
         self.pieces = deque((a, min(a + cols, c)) for a in range(0, c, cols))
         self.scratch_bytes = scratch_bytes(bucket.numel(), w, size)
-        make_room(axis, bucket)
         self.live = _live.setdefault(axis.ranks, deque())
         n = min(cols, c)
         slots = min(2, len(self.pieces))

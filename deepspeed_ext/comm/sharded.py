@@ -64,10 +64,6 @@ class _Then:
             self.then = None
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
 def _in_place(pg: Any) -> bool:
     return dist.get_backend(pg) == "gloo"
 
@@ -102,7 +98,7 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
             make_room(axis, bucket)  # older exchanges completed outside this one's time
             return logical_call(
                 REDUCE_SCATTER_OP,
-                _nbytes(bucket),
+                bucket.nbytes,
                 size,
                 lambda: Exchange(out, bucket, axis, pg),
             )
@@ -148,7 +144,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
             return dist.all_reduce(bucket, group=pg, async_op=True)
         return logical_call(
             ALL_GATHER_OP,
-            _nbytes(bucket),
+            bucket.nbytes,
             size,
             lambda: _All(
                 [

@@ -258,7 +258,6 @@ class Stage3Strategy:
         from .nvme_forward import EARLY_AFTER, ForwardSteps
 
         self._eager = frozenset(i for i, p in enumerate(self.trainable) if p.ds_persist)
-        self._deferred = frozenset(range(len(self.trainable))) - self._eager
         deferred = [p for p in self.trainable if not p.ds_persist]
         if not deferred and not chosen:
             return  # every trainable parameter is kept gathered: they step in engine.step()
@@ -453,8 +452,7 @@ class Stage3Strategy:
     def _reduced_early(self, params: list[Any]) -> None:
         """[Note: optimizer steps in forward]: the next step's first sub-groups are read once
         a fraction of the deferred masters' gradients are final."""
-        index = self.optimizer_swap.index
-        self._early_wait -= sum(p.ds_shard_numel for p in params if index[id(p)] in self._deferred)
+        self._early_wait -= sum(p.ds_shard_numel for p in params if not p.ds_persist)
         if self._early_wait <= 0:
             self.reducer.on_reduced = None
             self.forward_steps.read_early(self._eager)
