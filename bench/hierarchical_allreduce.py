@@ -25,6 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netns  # noqa: E402
 from common import busy_warning, machine_info, median, print_table, write_result  # noqa: E402
 
+from deepspeed_ext.comm.exchange import beats_ring  # noqa: E402
+
 
 def worker(args: argparse.Namespace) -> None:
     import torch
@@ -135,10 +137,13 @@ def main() -> None:
         flat, hier = med["flat"], med["hierarchical"]
         # the bytes each node sends across: 2 (2L - 1) / 2L x S flat, S hierarchical
         bound = 2 * (2 * per - 1) / (2 * per)
-        # ZeRO on gloo reduce-scatters by an all-reduce: 2 (2L - 1) / 2L x S across, flat;
-        # two steps: each of the L local ranks all-reduces its S / L piece between the 2
-        # nodes, S across in all: the all-reduce's bound again
-        rs_bound = bound
+        # ZeRO's flat reduce-scatter on gloo: pairwise exchanges, a node sending L (W - L) / W
+        # x S across, or the ring all-reduce where that is more ([Note: reduce-scatter by
+        # exchange]); two steps: (W - L) / W x S across ([Note: hierarchical reduce-scatter])
+        w = 2 * per
+        exchange = beats_ring(tuple(range(w)), per)
+        flat_rs = per * (w - per) / w if exchange else 2 * (w - 1) / w
+        rs_bound = flat_rs / ((w - per) / w)
         for what, a, b, bnd in (
             ("all-reduce", flat, hier, bound),
             ("reduce-scatter", med["rs_flat"], med["rs_hierarchical"], rs_bound),

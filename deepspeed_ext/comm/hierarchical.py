@@ -173,22 +173,52 @@ class _HierarchicalScatter:
        the node's sum of chunks n L + j for every n);
     2. across the nodes, reduce-scatter of that piece among the ranks with local index j:
        node n's rank gets chunk n L + j summed over every rank.
-    Step 1 starts at once (it overlaps the backward as the flat one does); step 2 when the
-    bucket is waited on, in launch order on every rank. The reordered copy is one more
-    bucket-sized buffer while a bucket is in flight."""
+    A node sends (N - 1) / N x S across, where the flat exchange sends L (N - 1) / N x S (and
+    the ring all-reduce it falls back to 2 (W - 1) / W x S).
+    The chunks' columns are cut into segments (as the all-reduce's buffer), each reordered
+    into a copy of its own, so that one segment crosses the nodes while the next is reduced
+    inside them: the first segment's step 1 starts at once (overlapping the backward as the
+    flat one does); at wait(), each segment's step 2 starts as its step 1 completes, with the
+    next segment's step 1 started one ahead, in launch order on every rank (buckets are
+    waited in launch order). Measured on a 1 Gbit/s link, 25 MB, 2 x 2 ranks: 159 ms with the
+    two steps whole, 123 ms in 16 segments (the crossing alone: 123 ms); starting every
+    segment's step 1 at once took 130 ms (reordering the whole bucket before anything could
+    cross). The reordered copies are one more bucket-sized buffer in all while a bucket is in
+    flight."""
 
     def __init__(self, out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups) -> None:
         self.out, self.groups = out, groups
         nodes, per = groups.cross.size, groups.pieces
         c = bucket.numel() // (nodes * per)
-        self.order = bucket.view(nodes, per, c).transpose(0, 1).contiguous().view(-1)
-        j = groups.local.rank
-        self.piece = self.order[j * nodes * c : (j + 1) * nodes * c]
-        self.work: Any = reduce_scatter_bucket(self.piece, self.order, group=groups.local)
+        self.chunks = bucket.view(nodes, per, c)
+        k = max(1, min(16, c, bucket.numel() // _SEGMENT))
+        self.cuts = [c * s // k for s in range(k + 1)]
+        self.steps: list[tuple[torch.Tensor, int, int, Any]] = []
+        self._start()
+
+    def _start(self) -> None:
+        """Step 1 of the next segment: its columns of every chunk, reordered as [j][n]."""
+        a, b = self.cuts[len(self.steps)], self.cuts[len(self.steps) + 1]
+        g = self.groups
+        order = self.chunks[:, :, a:b].transpose(0, 1).contiguous().view(-1)
+        width = g.cross.size * (b - a)
+        piece = order[g.local.rank * width : (g.local.rank + 1) * width]
+        self.steps.append((piece, a, b, reduce_scatter_bucket(piece, order, group=g.local)))
 
     def wait(self) -> None:
-        self.work.wait()
-        reduce_scatter_bucket(self.out, self.piece, group=self.groups.cross).wait()
+        if not self.steps:  # waited before
+            return
+        k = len(self.cuts) - 1
+        crossing = []
+        for s in range(k):
+            if len(self.steps) == s + 1 and s + 1 < k:
+                self._start()
+            piece, a, b, work = self.steps[s]
+            work.wait()
+            crossing.append(reduce_scatter_bucket(self.out[a:b], piece, group=self.groups.cross))
+        for work in crossing:
+            work.wait()
+        self.steps = []
 
 
 def reduce_scatter_bucket_hierarchical(

@@ -48,7 +48,35 @@ def sums(per_node: int) -> dict[str, Any]:
         x = torch.randint(-50, 50, (500 + 300 * b,), generator=torch.Generator().manual_seed(b))
         equal.append(torch.equal(buf, x.float().to(dev) * axis.size))
     out["equal"] = equal
+    out["scatter_equal"] = _scatters(groups, axis, rank, dev)
     return out
+
+
+def _scatters(groups: Any, axis: Any, rank: int, dev: Any) -> list[bool]:
+    """[Note: hierarchical reduce-scatter] against the flat reduce-scatter: one chunk column,
+    ragged segments, 16 segments, out apart and in place, several buckets in flight."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.comm.hierarchical import _SEGMENT
+
+    w = axis.size
+    equal = []
+    cases = [(w, False), (w * 37, True), (w * 1001, False), (_SEGMENT * 16 + w * 3, True)]
+    works, checks = [], []
+    for n, in_place in cases:
+        x = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n + rank))
+        flat, hier = x.float().to(dev), x.float().to(dev)
+        c = n // w
+        want = torch.empty(c, device=dev)
+        comm.reduce_scatter_bucket(want, flat, group=axis).wait()
+        got = hier[axis.rank * c : (axis.rank + 1) * c] if in_place else torch.empty_like(want)
+        works.append(comm.reduce_scatter_bucket_hierarchical(got, hier, groups))
+        checks.append((got, want))
+    for work in works:  # in flight together, waited in launch order
+        work.wait()
+        work.wait()  # a second wait is a no-op
+    for got, want in checks:
+        equal.append(torch.equal(got, want))
+    return equal
 
 
 def _config(topology: str, **extra: Any) -> dict[str, Any]:

@@ -25,6 +25,7 @@ def test_node_groups_and_sums_equal_to_the_flat_all_reduce() -> None:
     ]
     for o in outs:
         assert o["equal"] == [True] * 10
+        assert o["scatter_equal"] == [True] * 4
 
 
 @pytest.mark.parametrize(
