@@ -21,7 +21,7 @@ import torch
 from .averaging import MEAN, GradAverage
 from .cast import in_dtype
 from .checked import dist
-from .hierarchical import HierarchicalWork, NodeGroups, advance
+from .hierarchical import NodeGroups, advance, all_reduce_hierarchical
 from .layout import resolve
 
 
@@ -96,7 +96,7 @@ class GradBuckets:
                 self.buffers[b].mul_(self.before)
             hierarchy = self.hierarchy
             if hierarchy is not None:
-                launch: Any = lambda t: HierarchicalWork(t, hierarchy)  # noqa: E731
+                launch: Any = lambda t: all_reduce_hierarchical(t, hierarchy)  # noqa: E731
             else:
                 launch = lambda t: dist.all_reduce(t, group=self.group, async_op=True)  # noqa: E731
             self._works.append(in_dtype(self.buffers[b], self.comm_dtype, launch))

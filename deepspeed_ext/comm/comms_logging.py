@@ -9,17 +9,19 @@ reduced tensor, the gathered output, the scattered input. Bandwidths as nccl-tes
 them: algbw = size / time; busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for the
 gathers, scatters and all_to_all, x 1 for broadcast, reduce and point-to-point, so busbw is
 comparable with the link's speed whatever the op. A collective this runtime makes of other
-calls (ZeRO's gloo reduce-scatter and all-gather) is one row under the name of the
-collective it stands for (logical_call), not rows of its parts.
+calls (ZeRO's gloo reduce-scatter and all-gather, the hierarchical all-reduce and
+reduce-scatter) is one row under the name of the collective it stands for (logical_call),
+not rows of its parts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,6 +103,7 @@ class CommsLogger:
         self.comms_dict: dict[str, dict[int, OpStats]] = defaultdict(dict)
         self._window_s = 0.0  # time in logged collectives since take_window()
         self._window_bytes = 0
+        self._muted = 0  # inside muted(): the parts of a collective recorded whole
 
     def configure(self, section: Any = None, **overrides: Any) -> None:
         """From a `comms_logger` config section and/or keyword overrides (upstream's
@@ -134,7 +137,17 @@ class CommsLogger:
         self.prof_ops = [op for op in self.prof_ops if op not in set(op_name_list)]
 
     def wants(self, op: str) -> bool:
-        return self.enabled and (self.prof_all or op in self.prof_ops)
+        return self.enabled and not self._muted and (self.prof_all or op in self.prof_ops)
+
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        """Collectives issued inside are not recorded: they are parts of one that a
+        logical_call records whole (a hierarchical reduce-scatter's per-group steps)."""
+        self._muted += 1
+        try:
+            yield
+        finally:
+            self._muted -= 1
 
     def append(self, op: str, latency: float, msg_bytes: int, n: int) -> None:
         name = f"{op} | [Caller Func: {_caller()}]" if self.debug else op
@@ -227,10 +240,11 @@ class TimedWork:
 def logical_call(op: str, size: int, n: int, issue: Any) -> Any:
     """issue() starts one collective made of other torch.distributed calls (on gloo, ZeRO's
     bucket reduce-scatter as point-to-point exchanges, its all-gather as one broadcast per
-    rank; [Note: in-place collectives on gloo]) and returns its pending handle: recorded as
-    `op` of `size` bytes over `n` ranks, from the issue to its wait(). Its parts go through
-    checked.parts, which the logger does not see, so that a row is what the caller asked for
-    and its busbw compares with the native collective's."""
+    rank; [Note: in-place collectives on gloo]; a hierarchical sum's steps on node groups)
+    and returns its pending handle: recorded as `op` of `size` bytes over `n` ranks, from
+    the issue to its wait(). Its parts go through checked.parts, or are issued inside
+    comms_logger.muted(), so the logger does not see them: a row is what the caller asked
+    for and its busbw compares with the native collective's."""
     if not comms_logger.wants(op):
         return issue()
     from deepspeed_ext.accelerator import get_accelerator

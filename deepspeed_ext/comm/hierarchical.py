@@ -29,7 +29,8 @@ from typing import Any
 
 import torch
 
-from .checked import all_gather_into, dist
+from .checked import ALL_GATHER_OP, REDUCE_SCATTER_OP, dist, parts
+from .comms_logging import comms_logger, logical_call
 from .layout import AxisGroup
 from .sharded import reduce_scatter_bucket
 
@@ -105,6 +106,14 @@ class HierarchicalWork:
         advance(self.segments, block=True)
 
 
+def all_reduce_hierarchical(buf: torch.Tensor, groups: NodeGroups) -> Any:
+    """The sum of `buf` over the node groups' ranks, in place, pending ([Note: hierarchical
+    all-reduce]); the comms logger records it as one all_reduce of the buffer (its steps
+    are not rows of their own), and its `segments` are advanced as backward goes on."""
+    n = groups.cross.size * groups.pieces
+    return logical_call("all_reduce", buf.nbytes, n, lambda: HierarchicalWork(buf, groups))
+
+
 def advance(segments: list[_Segment], block: bool = False) -> None:
     """Move segments (in launch order) to their next phases: without `block`, only where the
     current collective has completed and no earlier segment is behind."""
@@ -138,7 +147,7 @@ class _Segment:
         else:
             send = seg
         self.recv = torch.empty_like(send)
-        self.work: Any = dist.all_to_all_single(
+        self.work: Any = parts.all_to_all_single(
             self.recv, send, group=groups.local.group, async_op=True
         )
         self.phase = 0  # 0-2: that step's collective in flight; 3: done
@@ -151,13 +160,14 @@ class _Segment:
             self.mine = self.recv[:c]
             for i in range(1, g.pieces):
                 self.mine.add_(self.recv[i * c : (i + 1) * c])
-            self.work = dist.all_reduce(self.mine, group=g.cross.group, async_op=True)
+            self.work = parts.all_reduce(self.mine, group=g.cross.group, async_op=True)
         elif self.phase == 1:
             if self.padded:  # the gather writes over recv, where the sum is: move it out
                 self.mine, into = self.mine.clone(), self.recv
             else:
                 into = self.seg
-            self.work = all_gather_into(into, self.mine, group=g.gather.group, async_op=True)
+            gather = getattr(parts, ALL_GATHER_OP)
+            self.work = gather(into, self.mine, group=g.gather.group, async_op=True)
         else:
             if self.padded:
                 self.seg.copy_(self.recv[: self.seg.numel()])
@@ -203,7 +213,9 @@ class _HierarchicalScatter:
         order = self.chunks[:, :, a:b].transpose(0, 1).contiguous().view(-1)
         width = g.cross.size * (b - a)
         piece = order[g.local.rank * width : (g.local.rank + 1) * width]
-        self.steps.append((piece, a, b, reduce_scatter_bucket(piece, order, group=g.local)))
+        with comms_logger.muted():  # the parts of one row (reduce_scatter_bucket_hierarchical)
+            work = reduce_scatter_bucket(piece, order, group=g.local)
+        self.steps.append((piece, a, b, work))
 
     def wait(self) -> None:
         if not self.steps:  # waited before
@@ -215,7 +227,8 @@ class _HierarchicalScatter:
                 self._start()
             piece, a, b, work = self.steps[s]
             work.wait()
-            crossing.append(reduce_scatter_bucket(self.out[a:b], piece, group=self.groups.cross))
+            with comms_logger.muted():
+                crossing.append(reduce_scatter_bucket(self.out[a:b], piece, self.groups.cross))
         for work in crossing:
             work.wait()
         self.steps = []
@@ -225,5 +238,9 @@ def reduce_scatter_bucket_hierarchical(
     out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups
 ) -> Any:
     """reduce_scatter_bucket's result over node groups ([Note: hierarchical
-    reduce-scatter]): out <- this rank's chunk of the sum."""
-    return _HierarchicalScatter(out, bucket, groups)
+    reduce-scatter]): out <- this rank's chunk of the sum. One reduce-scatter row of the
+    bucket in the comms logger."""
+    n = groups.cross.size * groups.pieces
+    return logical_call(
+        REDUCE_SCATTER_OP, bucket.nbytes, n, lambda: _HierarchicalScatter(out, bucket, groups)
+    )

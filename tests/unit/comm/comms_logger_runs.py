@@ -103,3 +103,28 @@ def zero_buckets_log_as_one_collective() -> dict[str, Any]:
         "big_out": big_out,
         "gathered": gathered,
     }
+
+
+def hierarchical_sums_log_as_one_collective() -> dict[str, Any]:
+    """The hierarchical all-reduce and reduce-scatter (4 ranks as 2 nodes of 2): one row each,
+    of the whole buffer, not rows of their steps on the node groups."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.comm.hierarchical import all_reduce_hierarchical
+    from deepspeed_ext.comm.layout import axis_of
+
+    comm.init_distributed()
+    rank, dev = comm.get_rank(), comm.collective_device(None)
+    groups, _ = comm.node_groups(axis_of(None), 2)
+    comm.configure(enabled=True, prof_all=True, verbose=False, debug=False)
+    buf = torch.arange(4096, dtype=torch.float32, device=dev) + rank
+    all_reduce_hierarchical(buf, groups).wait()
+    out = torch.empty(1024, device=dev)
+    comm.reduce_scatter_bucket_hierarchical(out, torch.ones(4096, device=dev), groups).wait()
+    rows = comm.comms_logger.summary_rows()
+    comm.configure(enabled=False)
+    comm.comms_logger.reset_data()
+    return {
+        "rows": {k: {s: v["count"] for s, v in sizes.items()} for k, sizes in rows.items()},
+        "sum_ok": torch.equal(buf, 4 * torch.arange(4096, dtype=torch.float32) + 6),
+        "scatter_ok": bool((out == 4).all()),
+    }

@@ -79,6 +79,14 @@ def test_zero_buckets_on_gloo_log_as_the_collective_they_stand_for() -> None:
     assert torch.equal(r0["gathered"], summed) and torch.equal(r1["gathered"], summed)
 
 
+def test_hierarchical_sums_log_as_the_collective_they_stand_for() -> None:
+    """Not as the all-to-all, all-reduce, all-gather and exchanges on node groups they are
+    made of ([Note: hierarchical all-reduce])."""
+    for r in run_ranks(runs.hierarchical_sums_log_as_one_collective, 4, timeout=120):
+        assert r["sum_ok"] and r["scatter_ok"], r
+        assert r["rows"] == {"all_reduce": {4096 * 4: 1}, REDUCE_SCATTER_OP: {4096 * 4: 1}}, r
+
+
 def test_the_engine_logs_its_gradient_collectives_and_reports_them_per_step(
     tmp_path: Path,
 ) -> None:
