@@ -24,6 +24,7 @@ overlap backward as with the flat all-reduce.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,7 +147,8 @@ class _Segment:
             send[: seg.numel()].copy_(seg)
         else:
             send = seg
-        self.recv = torch.empty_like(send)
+        self.recv: Any = torch.empty_like(send)  # None once done
+        self.mine: Any = None  # the node's sum of this rank's piece
         self.work: Any = parts.all_to_all_single(
             self.recv, send, group=groups.local.group, async_op=True
         )
@@ -171,7 +173,9 @@ class _Segment:
         else:
             if self.padded:
                 self.seg.copy_(self.recv[: self.seg.numel()])
-            self.work = None
+            # done: a bucket's finished segments wait for the others (and the GradBuckets
+            # for every bucket) before they are dropped, so their buffers go now
+            self.work = self.recv = self.mine = None
         self.phase += 1
 
 
@@ -187,14 +191,17 @@ class _HierarchicalScatter:
     the ring all-reduce it falls back to 2 (W - 1) / W x S).
     The chunks' columns are cut into segments (as the all-reduce's buffer), each reordered
     into a copy of its own, so that one segment crosses the nodes while the next is reduced
-    inside them: the first segment's step 1 starts at once (overlapping the backward as the
-    flat one does); at wait(), each segment's step 2 starts as its step 1 completes, with the
-    next segment's step 1 started one ahead, in launch order on every rank (buckets are
-    waited in launch order). Measured on a 1 Gbit/s link, 25 MB, 2 x 2 ranks: 159 ms with the
-    two steps whole, 123 ms in 16 segments (the crossing alone: 123 ms); starting every
-    segment's step 1 at once took 130 ms (reordering the whole bucket before anything could
-    cross). The reordered copies are one more bucket-sized buffer in all while a bucket is in
-    flight."""
+    inside them. The first segment's step 1 starts at launch; the others run inside wait(),
+    one ahead of the crossings: each segment's step 2 starts as its step 1 completes, in
+    launch order on every rank (buckets are waited in launch order), and the crossing before
+    it is then completed (an exchange in pieces moves only inside its wait()) and its copy
+    dropped. On a CPU cluster, which is what this is for, the reordering and the steps inside
+    the node then use time that wait() would spend idle on the link, not CPU taken from the
+    backward, and a bucket in flight holds 1/16 of its reordered copy until it is waited.
+    Measured on a 1 Gbit/s link, 25 MB, launched and waited at once: 159 ms with the two
+    steps whole; in 16 segments 119-128 ms at 2 x 2 ranks (the crossing alone: 123 ms) and
+    125-138 ms at 2 x 4; every segment's step 1 started at launch took 125-130 ms and
+    159-162 ms (8 ranks on 2 cores: the reordering competes for them)."""
 
     def __init__(self, out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups) -> None:
         self.out, self.groups = out, groups
@@ -203,35 +210,37 @@ class _HierarchicalScatter:
         self.chunks = bucket.view(nodes, per, c)
         k = max(1, min(16, c, bucket.numel() // _SEGMENT))
         self.cuts = [c * s // k for s in range(k + 1)]
-        self.steps: list[tuple[torch.Tensor, int, int, Any]] = []
-        self._start()
+        self.steps = [self._inside(0)]
 
-    def _start(self) -> None:
-        """Step 1 of the next segment: its columns of every chunk, reordered as [j][n]."""
-        a, b = self.cuts[len(self.steps)], self.cuts[len(self.steps) + 1]
+    def _inside(self, s: int) -> tuple[torch.Tensor, int, int, Any]:
+        """Step 1 of segment s: its columns of every chunk, reordered as [j][n],
+        reduce-scattered inside the node."""
+        a, b = self.cuts[s], self.cuts[s + 1]
         g = self.groups
         order = self.chunks[:, :, a:b].transpose(0, 1).contiguous().view(-1)
         width = g.cross.size * (b - a)
         piece = order[g.local.rank * width : (g.local.rank + 1) * width]
         with comms_logger.muted():  # the parts of one row (reduce_scatter_bucket_hierarchical)
             work = reduce_scatter_bucket(piece, order, group=g.local)
-        self.steps.append((piece, a, b, work))
+        return piece, a, b, work
 
     def wait(self) -> None:
-        if not self.steps:  # waited before
+        if not self.steps:  # waited before (or failed partway: never issued twice)
             return
+        step, self.steps = self.steps[0], []
         k = len(self.cuts) - 1
-        crossing = []
+        crossing: deque[Any] = deque()
         for s in range(k):
-            if len(self.steps) == s + 1 and s + 1 < k:
-                self._start()
-            piece, a, b, work = self.steps[s]
+            piece, a, b, work = step
+            if s + 1 < k:  # the next segment's step 1, one ahead
+                step = self._inside(s + 1)
             work.wait()
             with comms_logger.muted():
                 crossing.append(reduce_scatter_bucket(self.out[a:b], piece, self.groups.cross))
+            while len(crossing) > 1:
+                crossing.popleft().wait()
         for work in crossing:
             work.wait()
-        self.steps = []
 
 
 def reduce_scatter_bucket_hierarchical(

@@ -125,6 +125,6 @@ def hierarchical_sums_log_as_one_collective() -> dict[str, Any]:
     comm.comms_logger.reset_data()
     return {
         "rows": {k: {s: v["count"] for s, v in sizes.items()} for k, sizes in rows.items()},
-        "sum_ok": torch.equal(buf, 4 * torch.arange(4096, dtype=torch.float32) + 6),
+        "sum_ok": torch.equal(buf, 4 * torch.arange(4096, dtype=torch.float32, device=dev) + 6),
         "scatter_ok": bool((out == 4).all()),
     }

@@ -53,29 +53,41 @@ def sums(per_node: int) -> dict[str, Any]:
 
 
 def _scatters(groups: Any, axis: Any, rank: int, dev: Any) -> list[bool]:
-    """[Note: hierarchical reduce-scatter] against the flat reduce-scatter: one chunk column,
-    ragged segments, 16 segments, out apart and in place, several buckets in flight."""
+    """[Note: hierarchical reduce-scatter] against the flat reduce-scatter: one column, 2-3
+    segments of ragged columns, 16 segments, out apart and in place, buckets in flight
+    together; then again with every exchange cut into pieces (moved only inside wait())."""
     from deepspeed_ext import comm
-    from deepspeed_ext.comm.hierarchical import _SEGMENT
+    from deepspeed_ext.comm import exchange, hierarchical
 
+    saved = hierarchical._SEGMENT, exchange._WHOLE_BYTES, exchange._PIECE_BYTES
+    hierarchical._SEGMENT = 64  # elements: small buckets in several segments
     w = axis.size
     equal = []
-    cases = [(w, False), (w * 37, True), (w * 1001, False), (_SEGMENT * 16 + w * 3, True)]
-    works, checks = [], []
-    for n, in_place in cases:
-        x = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n + rank))
-        flat, hier = x.float().to(dev), x.float().to(dev)
-        c = n // w
-        want = torch.empty(c, device=dev)
-        comm.reduce_scatter_bucket(want, flat, group=axis).wait()
-        got = hier[axis.rank * c : (axis.rank + 1) * c] if in_place else torch.empty_like(want)
-        works.append(comm.reduce_scatter_bucket_hierarchical(got, hier, groups))
-        checks.append((got, want))
-    for work in works:  # in flight together, waited in launch order
-        work.wait()
-        work.wait()  # a second wait is a no-op
-    for got, want in checks:
-        equal.append(torch.equal(got, want))
+    try:
+        for pieces in (False, True):
+            if pieces:  # 16 columns a piece
+                exchange._WHOLE_BYTES, exchange._PIECE_BYTES = 64, 64
+            cases = [(w, False), (w * 37, True), (w * 1001, False), (w * 1001, True)]
+            works, checks = [], []
+            for n, in_place in cases:
+                x = torch.randint(-50, 50, (n,), generator=torch.Generator().manual_seed(n + rank))
+                flat, hier = x.float().to(dev), x.float().to(dev)
+                c = n // w
+                want = torch.empty(c, device=dev)
+                comm.reduce_scatter_bucket(want, flat, group=axis).wait()
+                got = (
+                    hier[axis.rank * c : (axis.rank + 1) * c]
+                    if in_place
+                    else torch.empty_like(want)
+                )
+                works.append(comm.reduce_scatter_bucket_hierarchical(got, hier, groups))
+                checks.append((got, want))
+            for work in works:  # in flight together, waited in launch order
+                work.wait()
+                work.wait()  # a second wait is a no-op
+            equal += [torch.equal(got, want) for got, want in checks]
+    finally:
+        hierarchical._SEGMENT, exchange._WHOLE_BYTES, exchange._PIECE_BYTES = saved
     return equal
 
 

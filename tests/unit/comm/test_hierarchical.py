@@ -25,7 +25,16 @@ def test_node_groups_and_sums_equal_to_the_flat_all_reduce() -> None:
     ]
     for o in outs:
         assert o["equal"] == [True] * 10
-        assert o["scatter_equal"] == [True] * 4
+        assert o["scatter_equal"] == [True] * 8
+
+
+@pytest.mark.parametrize("per_node", [2, 3])
+def test_sums_with_unequal_node_and_rank_counts(per_node: int) -> None:
+    """6 ranks as 3 nodes of 2 and 2 nodes of 3: a mix-up of the node count and the ranks a
+    node (equal at 2 x 2) shows; 3 pieces pad a ragged all-reduce segment differently."""
+    for o in run_ranks(runs.sums, 6, per_node, timeout=180):
+        assert o["groups"] is not None and o["groups"][3] == per_node, o
+        assert o["equal"] == [True] * 10 and o["scatter_equal"] == [True] * 8, o
 
 
 @pytest.mark.parametrize(
