@@ -86,7 +86,8 @@ REDUCE_SCATTER_OP = (
 )
 
 
-def all_gather_into(out: Any, inp: Any, **kwargs: Any) -> Any:
+def all_gather_into(out: Any, inp: Any, via: Any = dist, **kwargs: Any) -> Any:
     """Every rank's `inp` into `out` (concatenated in group-rank order): torch's single-tensor
-    all-gather under the name this torch has."""
-    return getattr(dist, ALL_GATHER_OP)(out, inp, **kwargs)
+    all-gather under the name this torch has. via: `parts` for one that the comms logger
+    does not see (a part of a collective recorded whole)."""
+    return getattr(via, ALL_GATHER_OP)(out, inp, **kwargs)
