@@ -81,7 +81,16 @@ class ParamSwap:
         # id(param) -> its new value in memory while the file is being written
         self._fresh: dict[int, torch.Tensor] = {}
         self._claimed: set[int] = set()  # fresh values a read-ahead counted on: kept for fetch
-        self.stats = {"read_ahead": 0, "fetched_ahead": 0, "fetched_cold": 0, "fetched_fresh": 0}
+        # id(param) -> its file's bytes being read into memory by another owner (a master
+        # read early), and the call that completes that read
+        self._mirrors: dict[int, tuple[torch.Tensor, Callable[[], None]]] = {}
+        self.stats = {
+            "read_ahead": 0,
+            "fetched_ahead": 0,
+            "fetched_cold": 0,
+            "fetched_fresh": 0,
+            "fetched_mirror": 0,
+        }
 
     @staticmethod
     def _key(p: Any) -> str:
@@ -124,9 +133,26 @@ class ParamSwap:
         else:
             del self._fresh[id(p)]
 
+    def mirror(self, p: Any, value: torch.Tensor, wait: Callable[[], None]) -> None:
+        """p's file (shared: [Note: one file for a shard and its master]) is being read into
+        `value` by its owner, which keeps it unchanged until stale(p) or unmirror(p): a
+        gather takes the shard from there once wait() returns, instead of reading the file
+        again, and a read-ahead needs no buffer for it."""
+        self._mirrors[id(p)] = (value, wait)
+
+    def unmirror(self, p: Any) -> None:
+        """The memory given to mirror() is about to go: copied when a read-ahead counted
+        on it."""
+        entry = self._mirrors.pop(id(p), None)
+        if entry is not None and id(p) in self._claimed:
+            value, wait = entry
+            wait()
+            self._fresh[id(p)] = value.clone()
+
     def stale(self, p: Any) -> None:
         """p's file is about to change: a read-ahead of the old value is dropped."""
         self._fresh.pop(id(p), None)
+        self._mirrors.pop(id(p), None)
         self._claimed.discard(id(p))
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
@@ -147,7 +173,7 @@ class ParamSwap:
             # [Note: optimizer steps in forward]: the file holds the value before the
             # pending update, and the step at its gather hands the new one over from memory
             return False
-        if id(p) in self._fresh:
+        if id(p) in self._fresh or id(p) in self._mirrors:
             self._claimed.add(id(p))
             return True
         i = self.pool.take() if self.pool is not None else None
@@ -166,6 +192,12 @@ class ParamSwap:
         if fresh is not None:  # the caller copies it (a gather's send buffer)
             self.stats["fetched_fresh"] += 1
             return fresh
+        mirrored = self._mirrors.get(id(p))
+        if mirrored is not None:  # stays until stale() or unmirror(): read again by a recompute
+            value, wait = mirrored
+            wait()
+            self.stats["fetched_mirror"] += 1
+            return value
         swapper, key = self._home(p)
         i = self._ahead.pop(id(p), None)
         if i is not None and self.pool is not None:
@@ -262,6 +294,11 @@ def early_sub_group_numel(
     )
 
 
+def _file(master: int, state: str = "") -> str:
+    """The swapper's key of a master (or of one of its optimizer states)."""
+    return f"master{master}.{state}" if state else f"master{master}"
+
+
 class OptimizerSwap:
     """Masters and their optimizer state on NVMe, stepped in sub-groups.
 
@@ -297,11 +334,11 @@ class OptimizerSwap:
         self.index = {id(p): i for i, p in enumerate(params)}
         for i, m in enumerate(masters):
             p, numel = params[i], m.numel()
-            self.swapper.swap_out(f"master{i}", m.data)
+            self.swapper.swap_out(_file(i), m.data)
             m.data = torch.empty(0, dtype=m.dtype)
             swap = getattr(p, "ds_swap", None)
             if swap is not None and p.dtype == m.dtype and p.ds_shard_numel == numel:
-                swap.share(p, self.swapper, f"master{i}")  # [Note: one file for a shard ...]
+                swap.share(p, self.swapper, _file(i))  # [Note: one file for a shard ...]
 
     def _store_shard(self, i: int) -> None:
         """The stepped master's value into its parameter's shard: nothing to do when the
@@ -319,13 +356,16 @@ class OptimizerSwap:
 
     def _swap_out(self, i: int) -> None:
         m = self.masters[i]
-        self.swapper.swap_out(f"master{i}", m.data, async_op=True)
+        self.swapper.swap_out(_file(i), m.data, async_op=True)
         for k, v in self._state_tensors(m).items():
-            self.swapper.swap_out(f"master{i}.{k}", v, async_op=True)
+            self.swapper.swap_out(_file(i, k), v, async_op=True)
 
     def _drop(self, i: int) -> None:
         """Master i and its states leave memory (placeholders keep their dtypes)."""
         m = self.masters[i]
+        swap = getattr(self.params[i], "ds_swap", None)
+        if swap is not None:
+            swap.unmirror(self.params[i])
         for k, v in self._state_tensors(m).items():
             self.optimizer.state[m][k] = torch.empty(0, dtype=v.dtype)
         m.data = torch.empty(0, dtype=m.dtype)
@@ -361,14 +401,35 @@ class OptimizerSwap:
         arena, views = self.arenas.carve(shapes, exact)
         for i in sub:
             self._arena_of[i] = arena
-        for (i, k), view in zip(keys, views):
-            m = self.masters[i]
-            if k:
-                self.optimizer.state[m][k] = view
-            else:
-                m.data = view
-            name = f"master{i}.{k}" if k else f"master{i}"
-            self.swapper.swap_in(name, view, async_op=True, background=background)
+        try:
+            for (i, k), view in zip(keys, views):
+                m = self.masters[i]
+                if k:
+                    self.optimizer.state[m][k] = view
+                else:
+                    m.data = view
+                self.swapper.swap_in(_file(i, k), view, async_op=True, background=background)
+        except BaseException:
+            # none of `sub` counts as read (the callers record it once submitted): the
+            # reads queued before the failure end, and the arena goes back
+            for i, k in keys:
+                try:
+                    self.swapper.wait_read(_file(i, k))
+                except Exception:  # noqa: BLE001 - the first error is the one raised
+                    pass
+            self.drop_group(sub)
+            raise
+
+    def mirror_shards(self, sub: list[int]) -> None:
+        """`sub` is being read (read_group) and stays unchanged until it steps or is
+        dropped: the parameter shards whose file is their master's ([Note: one file for a
+        shard and its master]) are gathered from it instead of read from the file again."""
+        for i in sub:
+            p = self.params[i]
+            swap = getattr(p, "ds_swap", None)
+            if swap is not None and swap.shares(p):
+                key = _file(i)
+                swap.mirror(p, self.masters[i].data, lambda key=key: self.swapper.wait_read(key))
 
     @torch.no_grad()
     def _step_only(
@@ -428,14 +489,14 @@ class OptimizerSwap:
         swap = getattr(p, "ds_swap", None)
         if swap is not None and swap.shares(p):
             return
-        self.swapper.swap_out(f"master{i}", value.to(self.masters[i].dtype).contiguous())
+        self.swapper.swap_out(_file(i), value.to(self.masters[i].dtype).contiguous())
 
     def wait_group(self, sub: list[int]) -> None:
         """Completes the reads of `sub` alone (read_group), not those queued after them."""
         for i in sub:
-            self.swapper.wait_read(f"master{i}")
+            self.swapper.wait_read(_file(i))
             for k in self._state_tensors(self.masters[i]):
-                self.swapper.wait_read(f"master{i}.{k}")
+                self.swapper.wait_read(_file(i, k))
 
     def end_writes(self, *groups: list[int]) -> None:
         """The last sub-groups of a step: their writes completed, they leave memory, and

@@ -96,3 +96,58 @@ def test_value_handed_over_outlives_its_memory_only_when_counted_on(swapper):
     memory.fill_(3.0)  # the arena serves the next sub-group
     assert torch.equal(swap.fetch(p), torch.full((64,), 2.0))
     assert torch.equal(swap.fetch(q), torch.full((64,), 1.0))  # its file: nothing pending
+
+
+def test_master_read_early_serves_its_shard_until_its_memory_goes(swapper):
+    """[Note: one file for a shard and its master]: a shard whose master is being read into
+    memory is gathered from there (after that read completes), as often as asked, and a
+    read-ahead needs no buffer for it; once the master's memory goes, a read-ahead that
+    counted on it keeps a copy, and later fetches read the file."""
+    swap = ParamSwap(swapper)
+    p = _param(64)
+    swap.attach(p)  # the file holds 1.0
+    memory = torch.full((64,), 2.0)  # stands for the master read (its own bytes, to tell)
+    waited = []
+    swap.mirror(p, memory, lambda: waited.append(1))
+    assert swap.fetch(p) is memory and waited == [1]
+    assert swap.fetch(p) is memory  # a recompute gathers it again: still from memory
+    assert swap.read_ahead(p)  # no pool at all: nothing to read
+    swap.unmirror(p)  # the arena goes while that read-ahead counts on it
+    memory.fill_(3.0)
+    assert torch.equal(swap.fetch(p), torch.full((64,), 2.0))
+    assert torch.equal(swap.fetch(p), torch.full((64,), 1.0))
+    assert swap.stats["fetched_mirror"] == 2 and swap.stats["fetched_cold"] == 1
+    swap.mirror(p, memory, lambda: None)
+    swap.stale(p)  # the file is about to change: the memory no longer holds it
+    assert torch.equal(swap.fetch(p), torch.full((64,), 1.0))
+
+
+def test_read_group_failing_part_way_gives_its_arena_back(swapper):
+    """A submit that fails in the middle of a sub-group: the reads queued before it end,
+    every master of the group is back to its placeholder, its arena is spare again, and
+    the next read of the group works."""
+    from deepspeed_ext.zero.stage3.nvme import OptimizerSwap
+
+    values = [torch.randn(300), torch.randn(500)]
+    masters = [torch.nn.Parameter(v.clone()) for v in values]
+    params = [SimpleNamespace(ds_shard_numel=300, ds_swap=None), _param(500)]
+    swap = OptimizerSwap(swapper, sub_group_numel=10_000)
+    swap.attach(torch.optim.AdamW(masters), params, masters)
+    real, calls = swapper.swap_in, []
+
+    def failing(key, out, **kw):
+        calls.append(key)
+        if len(calls) == 2:
+            raise OSError(f"submit of {key} failed")
+        return real(key, out, **kw)
+
+    swapper.swap_in = failing
+    with pytest.raises(OSError, match="master1"):
+        swap.read_group([0, 1])
+    swapper.swap_in = real
+    assert [m.numel() for m in masters] == [0, 0]
+    assert not swap._arena_of and len(swap.arenas._spare) == 1
+    swap.read_group([0, 1])
+    swap.wait_group([0, 1])
+    assert all(torch.equal(m.data, v) for m, v in zip(masters, values))
+    assert swap.arenas.stats == {"arenas_made": 1, "arenas_reused": 1}

@@ -153,6 +153,10 @@ def test_steps_in_forward_equal_the_step_in_engine_step(tmp_path):
     # waiting for the write of the master's file, which is the shard's
     assert got[0]["shard_stats"]["fetched_fresh"] > 0, got[0]["shard_stats"]
     assert ref[0]["shard_stats"]["fetched_fresh"] == 0, ref[0]["shard_stats"]
+    # the backward gathers the first layers last: from their masters read early, not from
+    # the files again
+    assert got[0]["shard_stats"]["fetched_mirror"] > 0, got[0]["shard_stats"]
+    assert ref[0]["shard_stats"]["fetched_mirror"] == 0, ref[0]["shard_stats"]
     assert not list(tmp_path.rglob("*.swp")), "swap files are removed at the end"
 
 
