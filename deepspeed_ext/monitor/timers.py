@@ -58,6 +58,16 @@ class PhaseTimers:
             self.synchronize()
             self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
 
+    def span(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """Times `name` alone (no memory row, no watcher): waits and transfers, not
+        phases of compute."""
+        return self._timed(name)
+
+    def add(self, name: str, seconds: float) -> None:
+        """A time measured by the caller (after synchronize())."""
+        if self.enabled:
+            self.totals[name] = self.totals.get(name, 0.0) + seconds
+
     def take_ms(self) -> dict[str, float]:
         """Milliseconds per phase since the last call, and reset."""
         out = {f"{k}_ms": v * 1e3 for k, v in self.totals.items()}

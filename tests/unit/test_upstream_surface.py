@@ -48,6 +48,15 @@ SURFACE = {
         "OffloadDeviceEnum",
     ],
     "deepspeed.runtime.utils": ["RepeatingLoader", "see_memory_usage"],
+    "deepspeed.runtime.pipe.engine": [
+        "BATCH_INPUT_TIMER",
+        "PIPE_RECV_GRAD_TIMER",
+        "PIPE_RECV_INPUT_TIMER",
+        "PIPE_SEND_GRAD_TIMER",
+        "PIPE_SEND_OUTPUT_TIMER",
+        "PipelineEngine",
+        "TRAIN_BATCH_TIMER",
+    ],
     "deepspeed.utils": [
         "groups",
         "log_dist",

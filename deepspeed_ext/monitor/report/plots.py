@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .summarize import PHASES
+
 SIZE_IN, DPI = (8.0, 4.5), 100  # 800 x 450 px
 
 
@@ -155,11 +157,7 @@ def run_plots(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
     prev = [0, *steps[:-1]]
     per_step = {
         name: [float(r[key]) / max(1, s - p) for r, s, p in zip(records, steps, prev)]
-        for key, name in (
-            ("forward_ms", "forward"),
-            ("backward_ms", "backward"),
-            ("step_ms", "optimizer step"),
-        )
+        for key, name in PHASES
         if all(key in r for r in records)
     }
     if per_step:

@@ -11,7 +11,19 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-_PHASES = ("forward_ms", "backward_ms", "step_ms")
+# (metrics key, label): the parts of a step that wall_clock_breakdown times, apart from
+# each other; a pipeline engine's also load micro-batches and move activations and
+# gradients between stages (a receive includes the wait for the neighbour)
+PHASES = (
+    ("forward_ms", "forward"),
+    ("backward_ms", "backward"),
+    ("step_ms", "optimizer step"),
+    ("batch_input_ms", "batch input"),
+    ("pipe_send_output_ms", "send activations"),
+    ("pipe_recv_input_ms", "receive activations"),
+    ("pipe_send_grad_ms", "send gradients"),
+    ("pipe_recv_grad_ms", "receive gradients"),
+)
 
 
 def _windows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,7 +64,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         out["step_time_ms"] = statistics.median(step_ms)
     phases = {
         p[:-3]: statistics.mean(w[p] / w["_steps"] for w in steady if p in w)
-        for p in _PHASES
+        for p, _ in PHASES
         if any(p in w for w in steady)
     }
     if phases:

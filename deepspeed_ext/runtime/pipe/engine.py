@@ -12,6 +12,7 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,6 +30,24 @@ from . import schedule as sch
 from .checks import check_pipeline_config, schedule_for
 from .module import PipelineModule
 from .split_backward import SplitPlan, plan_split
+
+# wall_clock_breakdown's pipeline timings, by upstream's names: on the metrics line and the
+# monitors as <name>_ms, summed over the window. train_batch runs from train_batch()'s start
+# to its optimizer step; the rest time the instructions that load a micro-batch and move
+# activations and gradients between stages (a receive includes the wait for the sender).
+TRAIN_BATCH_TIMER = "train_batch"
+BATCH_INPUT_TIMER = "batch_input"
+PIPE_SEND_OUTPUT_TIMER = "pipe_send_output"
+PIPE_SEND_GRAD_TIMER = "pipe_send_grad"
+PIPE_RECV_INPUT_TIMER = "pipe_recv_input"
+PIPE_RECV_GRAD_TIMER = "pipe_recv_grad"
+_TIMED: dict[type[sch.PipeInstruction], str] = {
+    sch.LoadMicroBatch: BATCH_INPUT_TIMER,
+    sch.SendActivation: PIPE_SEND_OUTPUT_TIMER,
+    sch.SendGrad: PIPE_SEND_GRAD_TIMER,
+    sch.RecvActivation: PIPE_RECV_INPUT_TIMER,
+    sch.RecvGrad: PIPE_RECV_GRAD_TIMER,
+}
 
 
 class PipelineError(RuntimeError):
@@ -75,6 +94,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._iterators_checked = False
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
+        self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
@@ -199,6 +219,9 @@ class PipelineEngine(DeepSpeedEngine):
         self._check_data_iterators()
         self.module.train()
         self._compute_loss = True
+        if self.timers.enabled:
+            self.timers.synchronize()
+        self._batch_t0 = time.perf_counter()
         self._run(self._train_schedule())
         assert self.total_loss is not None  # set by the schedule's OptimizerStep
         self.agg_train_loss = self.total_loss
@@ -283,10 +306,16 @@ class PipelineEngine(DeepSpeedEngine):
             sch.OptimizerStep: self._exec_optimizer_step,
         }
         senders = [*self._act_out.values(), *self._grad_out.values()]
+        timed = self.timers.enabled
         try:
             for step in sched.steps():
                 for cmd in step:
-                    handlers[type(cmd)](cmd)
+                    name = _TIMED.get(type(cmd)) if timed else None
+                    if name is None:
+                        handlers[type(cmd)](cmd)
+                        continue
+                    with self.timers.span(name):
+                        handlers[type(cmd)](cmd)
             for ch in senders:
                 ch.wait_sends()
         except Exception:
@@ -501,6 +530,9 @@ class PipelineEngine(DeepSpeedEngine):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
         self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)
         self.metrics.add_loss(self.total_loss)
+        if self.timers.enabled:  # before the window below closes
+            self.timers.synchronize()
+            self.timers.add(TRAIN_BATCH_TIMER, time.perf_counter() - self._batch_t0)
         if self.slow_nodes is not None:
             self.slow_nodes.on_step(self.global_steps)
         self.metrics.on_step(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from deepspeed_ext.env_report import main as ds_report
-from deepspeed_ext.monitor.report import ReportError, read_records, summarize
+from deepspeed_ext.monitor.report import ReportError, read_records, summarize, summary_text
 
 
 def _record(step: int, **extra: float) -> dict:
@@ -48,6 +48,22 @@ def test_summary_figures_per_step_from_window_totals(tmp_path: Path) -> None:
     assert s["phase_ms_per_step"] == {"forward": 20.0, "backward": 40.0, "step": 10.0}
     assert s["comm_ms_per_step"] == 10.0 and s["comm_share"] == pytest.approx(0.125)
     assert s["peak_mem_gib"] == pytest.approx(0.8)
+
+
+def test_a_pipeline_stage_s_sends_and_receives_are_phases(tmp_path: Path) -> None:
+    """A pipeline engine's wall_clock_breakdown times its p2p instructions (upstream's names);
+    train_batch, which holds every phase, is not one of them."""
+    pipe = {"pipe_send_output_ms": 30.0, "pipe_recv_grad_ms": 150.0, "train_batch_ms": 800.0}
+    records = [_record(s, **pipe) for s in (10, 20, 30)]
+    s = summarize(read_records(_run(tmp_path, records)))
+    assert s["phase_ms_per_step"] == {
+        "forward": 20.0,
+        "backward": 40.0,
+        "step": 10.0,
+        "pipe_send_output": 3.0,
+        "pipe_recv_grad": 15.0,
+    }
+    assert "    pipe_recv_grad    15.0 ms (19% of the step)" in summary_text(s, "x")
 
 
 def test_the_command_prints_the_summary_and_writes_every_plot(

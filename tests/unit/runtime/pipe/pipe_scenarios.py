@@ -84,6 +84,13 @@ def fp16(power: int = 8, **extra: Any) -> dict[str, Any]:
     }
 
 
+def timed() -> dict[str, Any]:
+    """wall_clock_breakdown: each stage's window times, by upstream's timer names."""
+    engine = _engine(_module(), wall_clock_breakdown=True, steps_per_print=2)
+    losses = _train(engine, 2)
+    return {"losses": losses, "window": dict(engine.metrics.last)}
+
+
 def _reentrant(function: Any, *args: Any) -> Any:
     from torch.utils.checkpoint import checkpoint
 
@@ -230,6 +237,7 @@ SCENARIOS = {
     "eval": eval_after_training,
     "interleaved": interleaved,
     "checkpointed": checkpointed,
+    "timed": timed,
     "fp16": fp16,
     "fp16_overflow": lambda: fp16(30),
     "zb_fp16": lambda: fp16(8, pipeline={"schedule": "zb-h1"}),

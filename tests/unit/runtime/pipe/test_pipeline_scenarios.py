@@ -53,6 +53,36 @@ def test_interleaved_train_and_eval(runs: list[dict]) -> None:
         close([r["interleaved"]["eval"]], [sum(per_mb) / 3])
 
 
+def test_wall_clock_breakdown_times_the_pipeline_instructions(runs: list[dict]) -> None:
+    """Upstream's timer names, per stage: the first stage loads inputs, sends activations and
+    receives gradients; the last the reverse (and loads labels). The parts stay within the
+    batch's time, which the timing leaves unchanged."""
+    from deepspeed.runtime.pipe import engine as upstream_names
+
+    ref = pr.reference(2, 2, 1)
+    names = [
+        upstream_names.BATCH_INPUT_TIMER,
+        upstream_names.PIPE_SEND_OUTPUT_TIMER,
+        upstream_names.PIPE_RECV_INPUT_TIMER,
+        upstream_names.PIPE_SEND_GRAD_TIMER,
+        upstream_names.PIPE_RECV_GRAD_TIMER,
+    ]
+    expected = (
+        {"batch_input", "pipe_send_output", "pipe_recv_grad"},  # the first stage
+        {"batch_input", "pipe_recv_input", "pipe_send_grad"},  # the last
+    )
+    for r, mine in zip(runs, expected):
+        window = r["timed"]["window"]
+        got = {n for n in names if f"{n}_ms" in window}
+        assert got == mine, (sorted(window), mine)
+        assert all(window[f"{n}_ms"] > 0 for n in got)
+        parts = sum(window[f"{n}_ms"] for n in got)
+        parts += window["forward_ms"] + window["backward_ms"] + window["step_ms"]
+        assert parts <= window[f"{upstream_names.TRAIN_BATCH_TIMER}_ms"] * 1.01, window
+    for r in runs:
+        close(r["timed"]["losses"], ref["losses"])
+
+
 def test_activation_checkpointing_changes_nothing(runs: list[dict]) -> None:
     ref = pr.reference(3, 2, 1)
     for r in runs:
