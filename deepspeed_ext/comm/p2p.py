@@ -120,6 +120,7 @@ class PipeChannel:
         self.max_pending = max_pending
         self.sent_meta: Meta | None = None
         self.recv_meta: Meta | None = None
+        self.reshape_next = False  # the next send may change shape (renegotiate())
         self._slots: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         self._pending: deque[tuple[Any, torch.Tensor]] = deque()
         self.aborted = False
@@ -138,14 +139,16 @@ class PipeChannel:
         if meta != self.sent_meta:
             if (
                 self.sent_meta is not None
-                and not self.dynamic
+                and not (self.dynamic or self.reshape_next)
                 and _shapes(meta) != _shapes(self.sent_meta)
             ):
                 self.abort()
                 raise ValueError(
                     f"{self.what} changed shape mid-run: ({describe(self.sent_meta)}) became "
-                    f"({describe(meta)}). Keep a stage's output shapes fixed (pad the batch), or "
-                    "pass dynamic_shape=True to PipelineModule to renegotiate them per message"
+                    f"({describe(meta)}). Keep a stage's output shapes fixed (pad the batch), "
+                    "call engine.reset_activation_shape() on every rank before a batch whose "
+                    "shapes change, or pass dynamic_shape=True to PipelineModule to "
+                    "renegotiate them per message"
                 )
             words = _encode(meta, self.device)
             if self.sent_meta is None:
@@ -154,10 +157,16 @@ class PipeChannel:
                 self._post(self._packet(self.sent_meta, _META, words.numel()))
             self._post(words)
             self.sent_meta = meta
+        self.reshape_next = False
         packet = self._packet(meta, _OK, 0)
         for view, t in zip(_views(packet, meta), tensors):
             view.copy_(t.detach())
         self._post(packet)
+
+    def renegotiate(self) -> None:
+        """The next send may change shape: its new meta goes first, as with dynamic shapes
+        (the receiver needs no call: it takes a new meta whenever one comes)."""
+        self.reshape_next = True
 
     def _hello(self, code: int, n: int) -> torch.Tensor:
         return torch.tensor([code, n], dtype=torch.int64, device=self.device)

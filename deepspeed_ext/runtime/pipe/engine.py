@@ -184,6 +184,13 @@ class PipelineEngine(DeepSpeedEngine):
             self.training_dataloader = loader
             self.data_iterator = iter(RepeatingLoader(loader))
 
+    def reset_activation_shape(self) -> None:
+        """Upstream's call before a batch whose activation and gradient shapes differ from
+        the last (curriculum learning's growing sequences): each of this rank's next sends
+        may carry new shapes, negotiated again. Call it on every rank."""
+        for ch in [*self._act_out.values(), *self._grad_out.values()]:
+            ch.renegotiate()
+
     def set_batch_fn(self, fn: Callable[[Any], Any]) -> None:
         self._batch_fn = fn
 

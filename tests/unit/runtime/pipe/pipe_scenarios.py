@@ -186,6 +186,19 @@ def dynamic_shapes() -> dict[str, Any]:
     return {"losses": losses}
 
 
+def reset_shapes() -> dict[str, Any]:
+    """Static shapes, with upstream's reset_activation_shape() before each later batch:
+    step 1 shorter, step 2 back to full length."""
+    engine = _engine(_module())
+    losses = []
+    for step in range(3):
+        if step:
+            engine.reset_activation_shape()
+        it = iter(_ragged(step, 2)) if engine._needs_data() else None
+        losses.append(float(engine.train_batch(it)))
+    return {"losses": losses}
+
+
 def _expect_failure(fn: Any) -> dict[str, Any]:
     try:
         fn()
@@ -245,6 +258,7 @@ SCENARIOS = {
     "zb_reentrant": lambda: zero_bubble(_reentrant),
     "config_key": config_key,
     "dynamic": dynamic_shapes,
+    "reset_shapes": reset_shapes,
     "shape_change": shape_change,
     "missing_iterator": missing_iterator,
     "iterator_lost_later": iterator_lost_later,

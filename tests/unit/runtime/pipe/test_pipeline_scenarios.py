@@ -127,6 +127,7 @@ def test_dynamic_shapes(runs: list[dict]) -> None:
     ref = pr.reference(3, 2, 1, data=lambda step, d, gas: ps._ragged(step, gas))
     for r in runs:
         close(r["dynamic"]["losses"], ref["losses"])
+        close(r["reset_shapes"]["losses"], ref["losses"])  # upstream's reset_activation_shape
 
 
 def test_shape_change_fails_on_both_stages(runs: list[dict]) -> None:
@@ -134,6 +135,7 @@ def test_shape_change_fails_on_both_stages(runs: list[dict]) -> None:
     assert sender["error"] == "ValueError"
     assert "changed shape mid-run" in sender["message"]
     assert "dynamic_shape=True" in sender["message"]
+    assert "reset_activation_shape()" in sender["message"]
     assert receiver["error"] == "PipeAborted"
 
 
