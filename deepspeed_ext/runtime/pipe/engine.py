@@ -95,6 +95,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._iterators_checked = False
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
         self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
+        self.has_attention_mask = False  # upstream's flag: set_has_attention_mask
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
@@ -183,6 +184,15 @@ class PipelineEngine(DeepSpeedEngine):
         if self._needs_data():
             self.training_dataloader = loader
             self.data_iterator = iter(RepeatingLoader(loader))
+
+    def set_has_attention_mask(self, value: bool) -> None:
+        """Upstream's flag for a boolean attention mask passed between stages as the last
+        tensor (upstream casts it for NCCL and sends no gradient for it). Here every tensor
+        travels as bytes in its own dtype and a non-float one never gets a gradient, so a
+        mask needs no flag; it is recorded (`has_attention_mask`) for upstream's callers."""
+        if not isinstance(value, bool):
+            raise TypeError(f"set_has_attention_mask({value!r}): pass True or False")
+        self.has_attention_mask = value
 
     def reset_activation_shape(self) -> None:
         """Upstream's call before a batch whose activation and gradient shapes differ from

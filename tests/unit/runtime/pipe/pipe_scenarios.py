@@ -164,7 +164,13 @@ def sequential_reference(steps: int, gas: int) -> list[float]:
 
 def config_key() -> dict[str, Any]:
     engine = _engine(sequential(), pipeline_parallelism={"num_stages": 2})
-    return {"losses": _train(engine, 3), "parts": engine.module.parts}
+    engine.set_has_attention_mask(True)  # upstream's call for a mask between stages
+    try:
+        engine.set_has_attention_mask(1)
+        refused = ""
+    except TypeError as e:
+        refused = str(e)
+    return {"losses": _train(engine, 3), "parts": engine.module.parts, "refused": refused}
 
 
 # -- shapes --

@@ -121,6 +121,7 @@ def test_config_key_cuts_a_sequential_passing_int_masks(runs: list[dict]) -> Non
     for r in runs:
         assert len(r["config_key"]["parts"]) == 3
         close(r["config_key"]["losses"], ref)
+        assert "set_has_attention_mask(1)" in r["config_key"]["refused"]
 
 
 def test_dynamic_shapes(runs: list[dict]) -> None:
