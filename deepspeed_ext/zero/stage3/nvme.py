@@ -138,7 +138,8 @@ class ParamSwap:
         `value` by its owner, which keeps it unchanged until stale(p) or unmirror(p): a
         gather takes the shard from there once wait() returns, instead of reading the file
         again, and a read-ahead needs no buffer for it."""
-        self._mirrors[id(p)] = (value, wait)
+        if id(p) not in self._ahead and id(p) not in self._lent:  # else read already
+            self._mirrors[id(p)] = (value, wait)
 
     def unmirror(self, p: Any) -> None:
         """The memory given to mirror() is about to go: copied when a read-ahead counted
@@ -401,6 +402,7 @@ class OptimizerSwap:
         arena, views = self.arenas.carve(shapes, exact)
         for i in sub:
             self._arena_of[i] = arena
+        queued = 0
         try:
             for (i, k), view in zip(keys, views):
                 m = self.masters[i]
@@ -409,10 +411,11 @@ class OptimizerSwap:
                 else:
                     m.data = view
                 self.swapper.swap_in(_file(i, k), view, async_op=True, background=background)
+                queued += 1
         except BaseException:
             # none of `sub` counts as read (the callers record it once submitted): the
             # reads queued before the failure end, and the arena goes back
-            for i, k in keys:
+            for i, k in keys[:queued]:
                 try:
                     self.swapper.wait_read(_file(i, k))
                 except Exception:  # noqa: BLE001 - the first error is the one raised
@@ -446,6 +449,9 @@ class OptimizerSwap:
         opt = self.optimizer
         all_params = [list(g["params"]) for g in opt.param_groups]
         for i in sub:
+            p = self.params[i]
+            if getattr(p, "ds_swap", None) is not None and p.ds_swap.shares(p):
+                p.ds_swap.stale(p)  # its file's bytes change in memory from here, a failed step too
             self.masters[i].grad = grad_of(i)
         chosen = {id(self.masters[i]) for i in sub}
         saved = [{k: g[k] for k in h if k in g} for g, h in zip(opt.param_groups, hyper or [])]

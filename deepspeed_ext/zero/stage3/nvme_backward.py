@@ -71,9 +71,10 @@ class BackwardSteps:
             self._writing = swap.step_and_write(self._reading, self._writing, grad_of)
             self.done.update(self._reading)
             swap.stats["stepped_in_backward"] += in_backward
-        self._reading = list(nxt)
+        self._reading = []
         if nxt:
             swap.read_group(nxt, background=True)
+            self._reading = list(nxt)  # only once submitted: a failed submit leaves it unread
 
     def finish(self, grad_of: Callable[[int], torch.Tensor]) -> frozenset[int]:
         """engine.step(): steps the rest with the same overlap -- the sub-group being read,

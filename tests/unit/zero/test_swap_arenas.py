@@ -151,3 +151,45 @@ def test_read_group_failing_part_way_gives_its_arena_back(swapper):
     swap.wait_group([0, 1])
     assert all(torch.equal(m.data, v) for m, v in zip(masters, values))
     assert swap.arenas.stats == {"arenas_made": 1, "arenas_reused": 1}
+
+
+def test_a_master_changed_in_memory_is_never_gathered_as_its_shard(swapper):
+    """The masters' step changes their memory before it writes their files: a shard that
+    shares its master's file stops being served from that memory first, so a step that
+    fails part way leaves gathers reading the file; and a shard already read ahead into a
+    pool buffer keeps that buffer instead of a mirror."""
+    from deepspeed_ext.zero.stage3.nvme import OptimizerSwap, ShardPool
+
+    values = torch.randn(64)
+    master = torch.nn.Parameter(values.clone())
+    p = _param(64)
+    p.ds_tensor = values.clone()
+    shards = ParamSwap(swapper)
+    shards.attach(p)
+
+    class Failing(torch.optim.SGD):
+        def step(self, closure: object = None) -> None:
+            master.data.add_(1.0)
+            raise RuntimeError("the step failed")
+
+    swap = OptimizerSwap(swapper, sub_group_numel=10_000)
+    swap.attach(Failing([master], lr=0.1), [p], [master])  # p's shard lives in master0's file
+    assert shards.shares(p)
+    swap.read_group([0])
+    swap.mirror_shards([0])
+    assert shards.fetch(p).data_ptr() == master.data_ptr()  # served from the memory
+    with pytest.raises(RuntimeError, match="the step failed"):
+        swap.step_and_write([0], [], lambda i: torch.zeros(64))
+    assert torch.equal(shards.fetch(p), values)  # the file's, not the memory's values + 1
+    swap.drop_group([0])
+
+    p.element_size = lambda: 4  # fp32
+    pool = ShardPool(swapper, 1, 64)
+    pool.size_for([p])
+    ahead = ParamSwap(swapper, pool)
+    ahead.share(p, swapper, "master0")
+    assert ahead.read_ahead(p)  # into the pool buffer
+    ahead.mirror(p, torch.full((64,), 5.0), lambda: None)
+    assert torch.equal(ahead.fetch(p), values) and ahead.stats["fetched_ahead"] == 1
+    ahead.release(p)
+    assert pool._free == [0]
