@@ -19,6 +19,7 @@ Swap files are named by ds_id and master index, under <nvme_path>/zero_stage_3/<
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -341,14 +342,18 @@ class OptimizerSwap:
             if swap is not None and p.dtype == m.dtype and p.ds_shard_numel == numel:
                 swap.share(p, self.swapper, _file(i))  # [Note: one file for a shard ...]
 
+    def shared_swap(self, i: int) -> ParamSwap | None:
+        """The ParamSwap of master i's parameter when the shard's file is the master's
+        ([Note: one file for a shard and its master]), else None."""
+        swap = getattr(self.params[i], "ds_swap", None)
+        return swap if swap is not None and swap.shares(self.params[i]) else None
+
     def _store_shard(self, i: int) -> None:
         """The stepped master's value into its parameter's shard: nothing to do when the
-        shard's file is the master's, which the step writes next."""
-        p = self.params[i]
-        if getattr(p, "ds_swap", None) is not None and p.ds_swap.shares(p):
-            p.ds_swap.stale(p)
-        else:
-            write_shard(p, self.masters[i].data)
+        shard's file is the master's (made stale before the step), which the step writes
+        next."""
+        if self.shared_swap(i) is None:
+            write_shard(self.params[i], self.masters[i].data)
 
     # -- moving one master and its state --
     def _state_tensors(self, m: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -428,11 +433,10 @@ class OptimizerSwap:
         dropped: the parameter shards whose file is their master's ([Note: one file for a
         shard and its master]) are gathered from it instead of read from the file again."""
         for i in sub:
-            p = self.params[i]
-            swap = getattr(p, "ds_swap", None)
-            if swap is not None and swap.shares(p):
-                key = _file(i)
-                swap.mirror(p, self.masters[i].data, lambda key=key: self.swapper.wait_read(key))
+            swap = self.shared_swap(i)
+            if swap is not None:
+                wait = functools.partial(self.swapper.wait_read, _file(i))
+                swap.mirror(self.params[i], self.masters[i].data, wait)
 
     @torch.no_grad()
     def _step_only(
@@ -449,9 +453,9 @@ class OptimizerSwap:
         opt = self.optimizer
         all_params = [list(g["params"]) for g in opt.param_groups]
         for i in sub:
-            p = self.params[i]
-            if getattr(p, "ds_swap", None) is not None and p.ds_swap.shares(p):
-                p.ds_swap.stale(p)  # its file's bytes change in memory from here, a failed step too
+            swap = self.shared_swap(i)
+            if swap is not None:  # its file's bytes change in memory from here (and if the
+                swap.stale(self.params[i])  # step fails part way, the file is what holds)
             self.masters[i].grad = grad_of(i)
         chosen = {id(self.masters[i]) for i in sub}
         saved = [{k: g[k] for k in h if k in g} for g, h in zip(opt.param_groups, hyper or [])]
@@ -492,8 +496,7 @@ class OptimizerSwap:
         to do when that file is p's shard's, which write_shard has just written. Call with
         every master swapped out (no deferred step pending)."""
         i = self.index[id(p)]
-        swap = getattr(p, "ds_swap", None)
-        if swap is not None and swap.shares(p):
+        if self.shared_swap(i) is not None:
             return
         self.swapper.swap_out(_file(i), value.to(self.masters[i].dtype).contiguous())
 

@@ -158,9 +158,9 @@ class ForwardSteps:
         """A shard whose file is its master's (being written) is gathered from the master in
         memory: the gather right after this step does not wait for the write."""
         for i in sub:
-            p = self.swap.params[i]
-            if p.ds_swap is not None and p.ds_swap.shares(p):
-                p.ds_swap.hand_over(p, self.swap.masters[i].data)
+            swap = self.swap.shared_swap(i)
+            if swap is not None:
+                swap.hand_over(self.swap.params[i], self.swap.masters[i].data)
 
     def _forget(self, sub: list[int]) -> None:
         for i in sub:
