@@ -50,23 +50,28 @@ class PhaseTimers:
         if not self.enabled:
             yield
             return
-        self.synchronize()
-        t0 = time.perf_counter()
+        t0 = self.now()
         try:
             yield
         finally:
-            self.synchronize()
-            self.totals[name] = self.totals.get(name, 0.0) + time.perf_counter() - t0
+            self.since(name, t0)
 
     def span(self, name: str) -> contextlib.AbstractContextManager[None]:
         """Times `name` alone (no memory row, no watcher): waits and transfers, not
         phases of compute."""
         return self._timed(name)
 
-    def add(self, name: str, seconds: float) -> None:
-        """A time measured by the caller (after synchronize())."""
+    def now(self) -> float:
+        """A start for since(): the device's queued work done first (when timing)."""
         if self.enabled:
-            self.totals[name] = self.totals.get(name, 0.0) + seconds
+            self.synchronize()
+        return time.perf_counter()
+
+    def since(self, name: str, t0: float) -> None:
+        """The time from `t0` (now()) to now, added under `name` (when timing): for a span
+        that no `with` block can hold."""
+        if self.enabled:
+            self.totals[name] = self.totals.get(name, 0.0) + self.now() - t0
 
     def take_ms(self) -> dict[str, float]:
         """Milliseconds per phase since the last call, and reset."""

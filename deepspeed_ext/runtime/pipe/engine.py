@@ -12,7 +12,6 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -236,9 +235,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._check_data_iterators()
         self.module.train()
         self._compute_loss = True
-        if self.timers.enabled:
-            self.timers.synchronize()
-        self._batch_t0 = time.perf_counter()
+        self._batch_t0 = self.timers.now()
         self._run(self._train_schedule())
         assert self.total_loss is not None  # set by the schedule's OptimizerStep
         self.agg_train_loss = self.total_loss
@@ -322,17 +319,14 @@ class PipelineEngine(DeepSpeedEngine):
             sch.ReduceGrads: lambda _: None,
             sch.OptimizerStep: self._exec_optimizer_step,
         }
+        if self.timers.enabled:
+            for kind, name in _TIMED.items():
+                handlers[kind] = self._timed(handlers[kind], name)
         senders = [*self._act_out.values(), *self._grad_out.values()]
-        timed = self.timers.enabled
         try:
             for step in sched.steps():
                 for cmd in step:
-                    name = _TIMED.get(type(cmd)) if timed else None
-                    if name is None:
-                        handlers[type(cmd)](cmd)
-                        continue
-                    with self.timers.span(name):
-                        handlers[type(cmd)](cmd)
+                    handlers[type(cmd)](cmd)
             for ch in senders:
                 ch.wait_sends()
         except Exception:
@@ -344,6 +338,13 @@ class PipelineEngine(DeepSpeedEngine):
             losses = self._losses
             self._reset_buffers()
             self._losses = losses
+
+    def _timed(self, handler: Callable[[Any], None], name: str) -> Callable[[Any], None]:
+        def run(cmd: Any) -> None:
+            with self.timers.span(name):
+                handler(cmd)
+
+        return run
 
     @staticmethod
     def _key(cmd: Any) -> tuple[int, int]:
@@ -547,9 +548,7 @@ class PipelineEngine(DeepSpeedEngine):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
         self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)
         self.metrics.add_loss(self.total_loss)
-        if self.timers.enabled:  # before the window below closes
-            self.timers.synchronize()
-            self.timers.add(TRAIN_BATCH_TIMER, time.perf_counter() - self._batch_t0)
+        self.timers.since(TRAIN_BATCH_TIMER, self._batch_t0)  # before the window below closes
         if self.slow_nodes is not None:
             self.slow_nodes.on_step(self.global_steps)
         self.metrics.on_step(
