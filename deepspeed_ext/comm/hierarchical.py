@@ -43,6 +43,11 @@ class NodeGroups:
     gather: AxisGroup  # this node's members again (the all-gather's own group)
     pieces: int  # L: the group's ranks on each node
 
+    @property
+    def size(self) -> int:
+        """The whole group's ranks: nodes x L."""
+        return self.cross.size * self.pieces
+
 
 def node_groups(axis: AxisGroup, ranks_per_node: int) -> tuple[NodeGroups | None, str]:
     """The sub-groups of `axis` by node (None, and why, when the flat all-reduce is what
@@ -111,8 +116,9 @@ def all_reduce_hierarchical(buf: torch.Tensor, groups: NodeGroups) -> Any:
     """The sum of `buf` over the node groups' ranks, in place, pending ([Note: hierarchical
     all-reduce]); the comms logger records it as one all_reduce of the buffer (its steps
     are not rows of their own), and its `segments` are advanced as backward goes on."""
-    n = groups.cross.size * groups.pieces
-    return logical_call("all_reduce", buf.nbytes, n, lambda: HierarchicalWork(buf, groups))
+    return logical_call(
+        "all_reduce", buf.nbytes, groups.size, lambda: HierarchicalWork(buf, groups)
+    )
 
 
 def advance(segments: list[_Segment], block: bool = False) -> None:
@@ -212,9 +218,8 @@ class _HierarchicalScatter:
 
     def __init__(self, out: torch.Tensor, bucket: torch.Tensor, groups: NodeGroups) -> None:
         self.out, self.groups = out, groups
-        nodes, per = groups.cross.size, groups.pieces
-        c = bucket.numel() // (nodes * per)
-        self.chunks = bucket.view(nodes, per, c)
+        c = bucket.numel() // groups.size
+        self.chunks = bucket.view(groups.cross.size, groups.pieces, c)
         k = _segments(bucket.numel(), c)
         self.cuts = [c * s // k for s in range(k + 1)]
         self.steps = [self._inside(0)]
@@ -256,7 +261,9 @@ def reduce_scatter_bucket_hierarchical(
     """reduce_scatter_bucket's result over node groups ([Note: hierarchical
     reduce-scatter]): out <- this rank's chunk of the sum. One reduce-scatter row of the
     bucket in the comms logger."""
-    n = groups.cross.size * groups.pieces
     return logical_call(
-        REDUCE_SCATTER_OP, bucket.nbytes, n, lambda: _HierarchicalScatter(out, bucket, groups)
+        REDUCE_SCATTER_OP,
+        bucket.nbytes,
+        groups.size,
+        lambda: _HierarchicalScatter(out, bucket, groups),
     )
