@@ -15,10 +15,22 @@ Before the first packet the receiver knows no size, so the first message (and an
 comes before any packet) is a 2-word hello [code, meta length]. Sends are non-blocking (the
 receiver posts its receives in schedule order, so a schedule that is valid when simulated in
 one process cannot deadlock); each send's buffer is kept alive until its work completes.
+
+[Note: partitioned p2p]
+Under tensor slicing, every tensor-parallel rank of a stage holds the same activations (and
+input gradients): the sliced layers end in a sum over the group. A channel given that group
+(`split`, upstream's pipe_partitioned / grad_partitioned) sends only this rank's 1/n of the
+packet's payload to its peer, which gathers the whole over its own tensor group, so the
+link between stages carries 1/n of the bytes and the fast group the rest. Each part is
+preceded by the header, so an abort still reaches every receiver. Before the first packet
+the senders check, over their group, that they do hold the same tensors: a stage whose
+outputs differ across its tensor ranks raises (and aborts the receivers) instead of
+training on a mix of them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import deque
 from typing import Any
@@ -26,7 +38,9 @@ from typing import Any
 import torch
 
 from .checked import dist
-from .sharded import collective_device
+from .collectives import all_gather_object
+from .layout import AxisGroup
+from .sharded import all_gather_bucket, collective_device
 
 _OK, _META, _ABORT = 0, 1, 2
 _DTYPES = [
@@ -89,6 +103,12 @@ def _layout(meta: Meta) -> tuple[list[int], int]:
     return offsets, off
 
 
+def _part_size(meta: Meta, n: int) -> int:
+    """Bytes of one rank's part of a payload cut in n (16-byte aligned; the last padded)."""
+    payload = _layout(meta)[1] - _HEAD
+    return (payload + 16 * n - 1) // (16 * n) * 16
+
+
 def _views(buf: torch.Tensor, meta: Meta) -> tuple[torch.Tensor, ...]:
     offsets, _ = _layout(meta)
     out = []
@@ -111,8 +131,11 @@ class PipeChannel:
         tag: int = 0,
         max_pending: int = 64,
         device: torch.device | None = None,
+        split: AxisGroup | None = None,
     ) -> None:
         self.device = device if device is not None else collective_device()
+        # the tensor group whose ranks hold the same tensors ([Note: partitioned p2p])
+        self.split = split if split is not None and split.size > 1 else None
         self.peer = peer
         self.tag = tag  # per engine: a message left over from a failed run never matches
         self.what = what
@@ -150,6 +173,8 @@ class PipeChannel:
                     "shapes change, or pass dynamic_shape=True to PipelineModule to "
                     "renegotiate them per message"
                 )
+            if self.sent_meta is None and self.split is not None:
+                self._check_replicated(tensors, meta)
             words = _encode(meta, self.device)
             if self.sent_meta is None:
                 self._post(self._hello(_META, words.numel()))
@@ -159,9 +184,50 @@ class PipeChannel:
             self.sent_meta = meta
         self.reshape_next = False
         packet = self._packet(meta, _OK, 0)
-        for view, t in zip(_views(packet, meta), tensors):
-            view.copy_(t.detach())
+        if self.split is None:
+            for view, t in zip(_views(packet, meta), tensors):
+                view.copy_(t.detach())
+        else:
+            self._copy_part(packet, tensors, meta)
         self._post(packet)
+
+    def _copy_part(
+        self, packet: torch.Tensor, tensors: tuple[torch.Tensor, ...], meta: Meta
+    ) -> None:
+        """This rank's part of the payload, after the header."""
+        assert self.split is not None
+        c = _part_size(meta, self.split.size)
+        lo, hi = self.split.rank * c, (self.split.rank + 1) * c  # in payload bytes
+        offsets, _ = _layout(meta)
+        for off, t in zip(offsets, tensors):
+            a, b = off - _HEAD, off - _HEAD + t.nbytes
+            if b <= lo or a >= hi:
+                continue
+            src = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            s0, s1 = max(a, lo), min(b, hi)
+            packet[_HEAD + s0 - lo : _HEAD + s1 - lo].copy_(src[s0 - a : s1 - a])
+
+    def _check_replicated(self, tensors: tuple[torch.Tensor, ...], meta: Meta) -> None:
+        """Every rank of the split group sends the same tensors, or all of them raise (once,
+        before the first packet: a gather of fingerprints over the group). Floating tensors
+        may differ by rounding (a kernel's atomic sums need not agree bit for bit), so they
+        are compared by norm and random projections, not bytes."""
+        assert self.split is not None
+        prints = [describe(meta), *(_fingerprint(t) for t in tensors)]
+        seen = all_gather_object(prints, group=self.split)
+        for other, theirs in enumerate(seen[1:], 1):
+            why = _disagreement(seen[0], theirs, tensors)
+            if why is None:
+                continue
+            self.abort()
+            raise ValueError(
+                f"{self.what}: the tensor-parallel ranks of this stage hold different "
+                f"tensors ({why}, tensor rank 0 against {other}), but "
+                "pipeline.pipe_partitioned / grad_partitioned send each rank 1/"
+                f"{self.split.size} of them and rebuild the whole on the next stage. Make the "
+                "stage end where its tensor ranks agree (after a row-parallel layer's sum), "
+                "or set pipeline.pipe_partitioned and pipeline.grad_partitioned to false"
+            )
 
     def renegotiate(self) -> None:
         """The next send may change shape: its new meta goes first, as with dynamic shapes
@@ -171,8 +237,14 @@ class PipeChannel:
     def _hello(self, code: int, n: int) -> torch.Tensor:
         return torch.tensor([code, n], dtype=torch.int64, device=self.device)
 
+    def _wire_size(self, meta: Meta) -> int:
+        """Bytes of one message on the wire: the packet, or its header and one part."""
+        if self.split is None:
+            return _layout(meta)[1]
+        return _HEAD + _part_size(meta, self.split.size)
+
     def _packet(self, meta: Meta, code: int, n: int) -> torch.Tensor:
-        buf = torch.empty(_layout(meta)[1], dtype=torch.uint8, device=self.device)
+        buf = torch.empty(self._wire_size(meta), dtype=torch.uint8, device=self.device)
         buf[:_HEAD].view(torch.int64).copy_(self._hello(code, n))
         return buf
 
@@ -216,10 +288,11 @@ class PipeChannel:
             code, n = head.tolist()
         else:
             buf, views = self._slot(slot)
-            dist.recv(buf, self.peer, tag=self.tag)
-            code, n = buf[:_HEAD].view(torch.int64).tolist()  # one host read per message
+            wire = self._wire(buf)
+            dist.recv(wire, self.peer, tag=self.tag)
+            code, n = wire[:_HEAD].view(torch.int64).tolist()  # one host read per message
             if code == _OK:
-                return views
+                return self._gathered(buf, views)
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
         if code != _META:
@@ -229,17 +302,83 @@ class PipeChannel:
         self.recv_meta = _decode(words.tolist())
         self._slots.clear()
         buf, views = self._slot(slot)
-        dist.recv(buf, self.peer, tag=self.tag)
-        if int(buf[:_HEAD].view(torch.int64)[0]) == _ABORT:
+        wire = self._wire(buf)
+        dist.recv(wire, self.peer, tag=self.tag)
+        if int(wire[:_HEAD].view(torch.int64)[0]) == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
+        return self._gathered(buf, views)
+
+    def _wire(self, buf: torch.Tensor) -> torch.Tensor:
+        """Where a message lands in a slot's buffer. Split: this rank's part in its place in
+        the payload and the header in the 16 bytes before it (the previous part's tail,
+        which the gather then overwrites), so the gather copies nothing of its own."""
+        if self.split is None:
+            return buf
+        assert self.recv_meta is not None
+        c = _part_size(self.recv_meta, self.split.size)
+        at = self.split.rank * c
+        return buf[at : at + _HEAD + c]
+
+    def _gathered(
+        self, buf: torch.Tensor, views: tuple[torch.Tensor, ...]
+    ) -> tuple[torch.Tensor, ...]:
+        if self.split is not None:
+            assert self.recv_meta is not None
+            c = _part_size(self.recv_meta, self.split.size)
+            own = buf[_HEAD + self.split.rank * c : _HEAD + (self.split.rank + 1) * c]
+            all_gather_bucket(buf[_HEAD:], own, group=self.split).wait()
         return views
 
     def _slot(self, slot: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         assert self.recv_meta is not None
         if slot not in self._slots:
-            buf = torch.empty(_layout(self.recv_meta)[1], dtype=torch.uint8, device=self.device)
+            size = _layout(self.recv_meta)[1]
+            if self.split is not None:
+                size = _HEAD + self.split.size * _part_size(self.recv_meta, self.split.size)
+            buf = torch.empty(size, dtype=torch.uint8, device=self.device)
             self._slots[slot] = (buf, _views(buf, self.recv_meta))
         return self._slots[slot]
+
+
+_PRINT_CHUNK = 1 << 20  # elements per step of a fingerprint (bounded scratch memory)
+
+
+def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
+    """What _check_replicated compares: a non-float tensor's bytes (a digest); a float
+    tensor's norm and two projections on random signs drawn alike on every rank (tensors
+    that differ by d differ in a projection by about |d|)."""
+    x = t.detach().reshape(-1)
+    if not x.is_floating_point():
+        data = x.contiguous().view(torch.uint8).cpu().numpy().tobytes()
+        return ("bytes", hashlib.blake2b(data, digest_size=16).hexdigest())
+    acc = torch.zeros(3, dtype=torch.float64, device=x.device)
+    gen = torch.Generator(device=x.device).manual_seed(0x5EED)
+    for i in range(0, x.numel(), _PRINT_CHUNK):
+        c = x[i : i + _PRINT_CHUNK].double()
+        r = torch.randint(0, 4, c.shape, generator=gen, device=x.device)
+        acc[0] += (c * c).sum()
+        acc[1] += (c * ((r & 1) * 2 - 1)).sum()
+        acc[2] += (c * ((r >> 1) * 2 - 1)).sum()
+    norm, p1, p2 = acc.tolist()
+    return ("float", math.sqrt(norm), p1, p2)
+
+
+def _disagreement(
+    mine: list[Any], theirs: list[Any], tensors: tuple[torch.Tensor, ...]
+) -> str | None:
+    """Why two ranks' fingerprints show different tensors, or None."""
+    if mine[0] != theirs[0]:
+        return f"shapes ({mine[0]}) against ({theirs[0]})"
+    for i, (a, b, t) in enumerate(zip(mine[1:], theirs[1:], tensors)):
+        if a[0] == "bytes":
+            if a != b:
+                return f"tensor {i}'s values"
+            continue
+        # rounding: a few units in the last place of the dtype, relative to the norm
+        tol = max(1e-3, 8 * torch.finfo(t.dtype).eps) * max(a[1], b[1])
+        if max(abs(x - y) for x, y in zip(a[1:], b[1:])) > tol:
+            return f"tensor {i}'s values"
+    return None
 
 
 def _shapes(meta: Meta) -> tuple[tuple[torch.dtype, tuple[int, ...]], ...]:

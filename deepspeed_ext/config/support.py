@@ -164,8 +164,6 @@ NOTED: dict[str, Rule] = {
     "flops_profiler.recompute_fwd_factor": Rule(
         "the backward is counted as it runs, recomputed forwards included"
     ),
-    "pipeline.pipe_partitioned": Rule(f"partitioned pipeline activations {_UNBUILT}"),
-    "pipeline.grad_partitioned": Rule(f"partitioned pipeline gradients {_UNBUILT}"),
 }
 
 INERT: dict[str, str] = {

@@ -102,6 +102,10 @@ class PipelineEngine(DeepSpeedEngine):
         previous rank in the ring) and go to V+1; gradients the other way. An edge's tag is
         the lower virtual stage's, so both ends agree on it."""
         p, r, last = self.num_stages, self.stage_id, self.num_stages * self.chunks - 1
+        # under tensor slicing each tensor rank sends 1/n ([Note: partitioned p2p])
+        pipe_cfg = self.config.pipeline
+        acts = self.layout.tensor if pipe_cfg.pipe_partitioned else None
+        grads = self.layout.tensor if pipe_cfg.grad_partitioned else None
         prev_rank = self.grid.stage_to_global((r - 1) % p)
         next_rank = self.grid.stage_to_global((r + 1) % p)
         self._act_in: dict[int, PipeChannel] = {}
@@ -112,14 +116,14 @@ class PipelineEngine(DeepSpeedEngine):
             v = c * p + r
             if v > 0:
                 what = f"activations into virtual stage {v}"
-                self._act_in[c] = PipeChannel(prev_rank, what, dyn, base + v - 1)
+                self._act_in[c] = PipeChannel(prev_rank, what, dyn, base + v - 1, split=acts)
                 what = f"input gradients of virtual stage {v}"
-                self._grad_out[c] = PipeChannel(prev_rank, what, dyn, base + v - 1)
+                self._grad_out[c] = PipeChannel(prev_rank, what, dyn, base + v - 1, split=grads)
             if v < last:
                 what = f"output of virtual stage {v}"
-                self._act_out[c] = PipeChannel(next_rank, what, dyn, base + v)
+                self._act_out[c] = PipeChannel(next_rank, what, dyn, base + v, split=acts)
                 what = f"gradients into virtual stage {v}"
-                self._grad_in[c] = PipeChannel(next_rank, what, dyn, base + v)
+                self._grad_in[c] = PipeChannel(next_rank, what, dyn, base + v, split=grads)
 
     def _is_first(self, c: int) -> bool:
         return c == 0 and self.is_first_stage()

@@ -333,10 +333,9 @@ def fp32_export_logits(save_dir: str) -> float:
         return float((a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max())
 
 
-def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
-    """TP 2 x PP 2 x DP 2 on the pipeline tests' tiny GPT (tied embedding and head): its
-    blocks' up / down layers sliced by partition_config rules; returns this rank's losses and
-    its stage's weights made whole over the tensor group."""
+def _pipeline_3d_engine(gas: int, zero: int, dp: int, pipeline: dict | None = None) -> Any:
+    """TP 2 x PP 2 x DP `dp` on the pipeline tests' tiny GPT (tied embedding and head), its
+    blocks' up / down layers sliced by partition_config rules."""
     from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
     from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.runtime.pipe import PipelineModule
@@ -344,12 +343,12 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
 
     module = PipelineModule(
         pr.specs(),
-        topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=2),
+        topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=dp),
         loss_fn=pr.lm_loss,
         seed_layers=True,
         partition_method="uniform",
     )
-    cfg = {
+    cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": pr.MICRO,
         "gradient_accumulation_steps": gas,
         "gradient_clipping": pr.CLIP,
@@ -365,20 +364,65 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
             },
         },
     }
+    if pipeline is not None:
+        cfg["pipeline"] = pipeline
     engine, *_ = initialize(
         model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=pr.LR)
     )
+    return engine
+
+
+def _train_3d(engine: Any, steps: int, gas: int) -> list[float]:
+    from tests.unit.runtime.pipe import pipe_runs as pr
+
     dp_rank = engine.grid.get_data_parallel_id()
     losses = []
     for step in range(steps):
         it = iter(pr.batches(step, dp_rank, gas)) if engine._needs_data() else None
         losses.append(float(engine.train_batch(it)))
+    return losses
+
+
+def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
+    """TP 2 x PP 2 x DP 2, upstream's defaults (activations and gradients partitioned over
+    the tensor ranks between stages): this rank's losses, its stage's weights made whole
+    over the tensor group, and whether its channels were split."""
+    engine = _pipeline_3d_engine(gas, zero, dp=2)
+    losses = _train_3d(engine, steps, gas)
+    channels = [*engine._act_in.values(), *engine._act_out.values()]
+    channels += [*engine._grad_in.values(), *engine._grad_out.values()]
     return {
         "losses": losses,
         "weights": full_weights(engine),
-        "sliced": sorted(n for n, p in module.named_parameters() if hasattr(p, "ds_tensor_slice")),
+        "sliced": sorted(
+            n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice")
+        ),
         "coords": (engine.stage_id, engine.layout.data.rank, engine.layout.tensor.rank),
+        "split": [ch.split is not None for ch in channels],
     }
+
+
+def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
+    """TP 2 x PP 2 on 4 ranks, trained with pipeline.pipe_partitioned / grad_partitioned on
+    (the default) and off: each run's losses and the bytes its point-to-point sends put on
+    the link between stages."""
+    from deepspeed_ext import comm
+
+    out: dict[str, Any] = {}
+    for name, flag in (("split", True), ("whole", False)):
+        keys = {"pipe_partitioned": flag, "grad_partitioned": flag}
+        engine = _pipeline_3d_engine(gas, 0, dp=1, pipeline=keys)
+        comm.comms_logger.configure(enabled=True, prof_all=False, prof_ops=["isend"])
+        comm.comms_logger.reset_data()
+        losses = _train_3d(engine, steps, gas)
+        rows = comm.comms_logger.summary_rows().get("isend", {})
+        comm.comms_logger.configure(enabled=False)
+        out[name] = {
+            "losses": losses,
+            "isend_bytes": sum(size * r["count"] for size, r in rows.items()),
+        }
+        engine.destroy()
+    return out
 
 
 class _Mlp(torch.nn.Module):

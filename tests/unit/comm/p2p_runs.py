@@ -1,0 +1,83 @@
+"""Rank bodies for test_partitioned_p2p.py: 4 ranks as 2 pipeline stages x 2 tensor ranks
+(stage 0 = ranks 0, 1; stage 1 = ranks 2, 3; rank r's peer is r +- 2)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+TP = 2
+
+
+def _tensors(step: int, rows: int = 3) -> tuple[torch.Tensor, ...]:
+    """Odd sizes in several dtypes: no tensor, nor the payload, splits evenly in two."""
+    g = torch.Generator().manual_seed(step)
+    return (
+        torch.randn(rows, 5, generator=g).requires_grad_(),
+        torch.randint(0, 9, (7,), generator=g),
+        torch.rand(5, generator=g) > 0.5,
+        torch.randn(2, 3, generator=g).to(torch.bfloat16),
+    )
+
+
+def _isend_bytes(comm: Any) -> int:
+    rows = comm.comms_logger.summary_rows().get("isend", {})
+    return sum(size * row["count"] for size, row in rows.items())
+
+
+def channels() -> dict[str, Any]:
+    """Messages over a split channel and an unsplit one arrive alike (several slots, a
+    dynamic shape change); the split sender puts about half the bytes on the link; a
+    sender whose tensor ranks disagree raises on both, and its receivers are aborted."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel
+
+    comm.init_distributed(dist_backend="gloo")
+    rank = comm.get_rank()
+    stage, t = divmod(rank, TP)
+    groups = [comm.new_group([0, 1]), comm.new_group([2, 3])]
+    axis = comm.AxisGroup(groups[stage], (stage * TP, stage * TP + 1), t)
+    peer = rank + TP if stage == 0 else rank - TP
+    out: dict[str, Any] = {"stage": stage}
+
+    comm.comms_logger.configure(enabled=True, prof_all=True)
+    sent = {}
+    for tag, split in ((1, None), (2, axis)):
+        ch = PipeChannel(peer, f"test channel {tag}", dynamic=True, tag=tag, split=split)
+        comm.comms_logger.reset_data()
+        got = []
+        for step, rows in enumerate((3, 3, 3, 6)):  # the last changes shape
+            if stage == 0:
+                ch.send(_tensors(step, rows))
+            else:
+                got.append([x.clone() for x in ch.recv(slot=step % 2)])
+        if stage == 0:
+            ch.wait_sends()
+            sent[tag] = _isend_bytes(comm)
+        out[f"got_{tag}"] = got
+    comm.comms_logger.configure(enabled=False)
+    out["sent"] = sent
+    out["expected"] = [list(_tensors(s, r)) for s, r in enumerate((3, 3, 3, 6))]
+
+    # tensor ranks that disagree: in values, in shapes; and ones that differ by rounding
+    base = torch.randn(64, generator=torch.Generator().manual_seed(5))
+    cases = {
+        "values": (3, (torch.full((4,), float(t)),)),
+        "shapes": (4, (torch.zeros(4 + t),)),
+        "rounding": (5, (base * (1 + 1e-6 * t), torch.arange(3))),
+    }
+    for name, (tag, sent_here) in cases.items():
+        ch = PipeChannel(peer, f"{name} output", tag=tag, split=axis)
+        try:
+            if stage == 0:
+                ch.send(sent_here)
+                ch.wait_sends()
+            else:
+                out["rounded"] = [x.clone() for x in ch.recv()]
+            out[name] = None
+        except (ValueError, PipeAborted) as e:
+            out[name] = f"{type(e).__name__}: {e}"
+    out["base"] = base
+    comm.barrier()
+    return out
