@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[3]
             "compressed_comm_smoke.json",
         ),
         ("hierarchical_allreduce.py", ["--smoke"], "hierarchical_allreduce_smoke.json"),
+        ("pipe_partitioned.py", ["--smoke"], "pipe_partitioned_smoke.json"),  # one 4-rank job
         ("transformer_layer.py", ["--smoke"], "transformer_layer_smoke.json"),  # ~5 s
         ("sparse_attention.py", ["--smoke"], "sparse_attention_smoke.json"),  # ~10 s
     ],
@@ -168,6 +169,10 @@ def test_bench_smoke(script, args, result, tmp_path):
     elif result == "sparse_attention_smoke.json":
         (case,) = json.loads((tmp_path / result).read_text())["cases"]
         assert case["results"]["sparse"]["median_s"] > 0 and case["sparsity"] == 0.75, case
+    elif result == "pipe_partitioned_smoke.json":
+        data = json.loads((tmp_path / result).read_text())
+        assert min(data["median_step_s"].values()) > 0, data["median_step_s"]
+        assert 0.4 < data["byte_ratio"] < 0.6, data["isend_bytes_per_step"]
     elif result == "exit_soak_smoke.json":
         data = json.loads((tmp_path / result).read_text())
         assert data["total_jobs"] == 2 and data["clean_jobs"] == 2, data["configs"]
