@@ -183,7 +183,7 @@ def main() -> None:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--blocks", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--rate", default="1gbit", help="the inter-node link's tc rate")
     ap.add_argument("--smoke", action="store_true")

@@ -23,9 +23,11 @@ input gradients): the sliced layers end in a sum over the group. A channel given
 packet's payload to its peer, which gathers the whole over its own tensor group, so the
 link between stages carries 1/n of the bytes and the fast group the rest. Each part is
 preceded by the header, so an abort still reaches every receiver. Before the first packet
-the senders check, over their group, that they do hold the same tensors: a stage whose
-outputs differ across its tensor ranks raises (and aborts the receivers) instead of
-training on a mix of them.
+the senders check, over their group, that they do hold the same tensors (a heuristic:
+norms and random projections, which rounding passes and a different tensor fails): a stage
+whose outputs differ across its tensor ranks raises (and aborts the receivers) instead of
+training on a mix of them. Before each gather the receivers agree on their messages' codes,
+so that one failed sender makes every receiver of the stage raise.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any
 import torch
 
 from .checked import dist
-from .collectives import all_gather_object
+from .collectives import ReduceOp, all_gather_object, all_reduce
 from .layout import AxisGroup
 from .sharded import all_gather_bucket, collective_device
 
@@ -286,11 +288,13 @@ class PipeChannel:
             head = torch.empty(2, dtype=torch.int64, device=self.device)
             dist.recv(head, self.peer, tag=self.tag)
             code, n = head.tolist()
+            self._agree(code)
         else:
             buf, views = self._slot(slot)
             wire = self._wire(buf)
             dist.recv(wire, self.peer, tag=self.tag)
             code, n = wire[:_HEAD].view(torch.int64).tolist()  # one host read per message
+            self._agree(code)
             if code == _OK:
                 return self._gathered(buf, views)
         if code == _ABORT:
@@ -304,9 +308,34 @@ class PipeChannel:
         buf, views = self._slot(slot)
         wire = self._wire(buf)
         dist.recv(wire, self.peer, tag=self.tag)
-        if int(wire[:_HEAD].view(torch.int64)[0]) == _ABORT:
+        code = int(wire[:_HEAD].view(torch.int64)[0])
+        self._agree(code)
+        if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
         return self._gathered(buf, views)
+
+    def _agree(self, code: int) -> None:
+        """Split: the receivers of a stage learn each other's message codes before they
+        gather (one 2-word all-reduce), so that when only some of the senders failed, or
+        changed shape, every receiver raises instead of waiting in the gather for a part
+        that never comes ([Note: partitioned p2p])."""
+        if self.split is None:
+            return
+        both = torch.tensor([code, -code], dtype=torch.int64, device=self.device)
+        all_reduce(both, op=ReduceOp.MAX, group=self.split)
+        hi, lo = int(both[0]), -int(both[1])
+        if hi == lo:
+            return
+        if _ABORT in (hi, code):
+            raise PipeAborted(
+                f"{self.what}: a rank sending to this stage's tensor group failed (see its error)"
+            )
+        raise ValueError(
+            f"{self.what}: the tensor-parallel ranks of the sending stage changed shape "
+            "differently (some renegotiated, some did not): with pipeline.pipe_partitioned / "
+            "grad_partitioned their tensors must be the same; call reset_activation_shape() "
+            "on every rank, or set both keys to false"
+        )
 
     def _wire(self, buf: torch.Tensor) -> torch.Tensor:
         """Where a message lands in a slot's buffer. Split: this rank's part in its place in
@@ -352,10 +381,11 @@ def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
         data = x.contiguous().view(torch.uint8).cpu().numpy().tobytes()
         return ("bytes", hashlib.blake2b(data, digest_size=16).hexdigest())
     acc = torch.zeros(3, dtype=torch.float64, device=x.device)
-    gen = torch.Generator(device=x.device).manual_seed(0x5EED)
+    # drawn on the host: a device's random stream can depend on its model (its SM count)
+    gen = torch.Generator().manual_seed(0x5EED)
     for i in range(0, x.numel(), _PRINT_CHUNK):
         c = x[i : i + _PRINT_CHUNK].double()
-        r = torch.randint(0, 4, c.shape, generator=gen, device=x.device)
+        r = torch.randint(0, 4, c.shape, generator=gen).to(x.device)
         acc[0] += (c * c).sum()
         acc[1] += (c * ((r & 1) * 2 - 1)).sum()
         acc[2] += (c * ((r >> 1) * 2 - 1)).sum()
@@ -374,6 +404,8 @@ def _disagreement(
             if a != b:
                 return f"tensor {i}'s values"
             continue
+        if [math.isfinite(v) for v in a[1:]] != [math.isfinite(v) for v in b[1:]]:
+            return f"tensor {i}'s values (not finite on one rank)"
         # rounding: a few units in the last place of the dtype, relative to the norm
         tol = max(1e-3, 8 * torch.finfo(t.dtype).eps) * max(a[1], b[1])
         if max(abs(x - y) for x, y in zip(a[1:], b[1:])) > tol:

@@ -62,19 +62,36 @@ def channels() -> dict[str, Any]:
 
     # tensor ranks that disagree: in values, in shapes; and ones that differ by rounding
     base = torch.randn(64, generator=torch.Generator().manual_seed(5))
+    nan = base.clone()
+    nan[7] = float("nan") if t else nan[7]
     cases = {
         "values": (3, (torch.full((4,), float(t)),)),
         "shapes": (4, (torch.zeros(4 + t),)),
-        "rounding": (5, (base * (1 + 1e-6 * t), torch.arange(3))),
+        "nan": (5, (nan,)),
+        "rounding": (6, (base * (1 + 1e-6 * t), torch.arange(3))),
+        # one sender fails alone (after the first message: before it, the other sender
+        # would wait in the check's gather, as in any tensor-parallel collective)
+        "abort": (7, None),
     }
     for name, (tag, sent_here) in cases.items():
         ch = PipeChannel(peer, f"{name} output", tag=tag, split=axis)
         try:
-            if stage == 0:
+            if stage == 0 and sent_here is not None:
                 ch.send(sent_here)
                 ch.wait_sends()
+            elif stage == 0:
+                ch.send((base,))
+                if t == 0:
+                    ch.abort()
+                else:
+                    ch.send((base,))
+                ch.wait_sends()
             else:
-                out["rounded"] = [x.clone() for x in ch.recv()]
+                if name == "abort":
+                    ch.recv()
+                got = [x.clone() for x in ch.recv()]
+                if name == "rounding":
+                    out["rounded"] = got
             out[name] = None
         except (ValueError, PipeAborted) as e:
             out[name] = f"{type(e).__name__}: {e}"

@@ -38,7 +38,10 @@ def test_a_split_sender_puts_half_the_bytes_on_the_link(runs: list[dict]) -> Non
             assert 0.4 < split / whole < 0.7, r["sent"]
 
 
-@pytest.mark.parametrize("case, why", [("values", "tensor 0's values"), ("shapes", "shapes")])
+@pytest.mark.parametrize(
+    "case, why",
+    [("values", "tensor 0's values"), ("shapes", "shapes"), ("nan", "not finite on one rank")],
+)
 def test_tensor_ranks_that_disagree_fail_on_every_rank(
     runs: list[dict], case: str, why: str
 ) -> None:
@@ -58,3 +61,13 @@ def test_tensor_ranks_that_differ_by_rounding_pass(runs: list[dict]) -> None:
             got, ids = r["rounded"]
             torch.testing.assert_close(got, r["base"], rtol=1e-5, atol=0)
             assert torch.equal(ids, torch.arange(3))
+
+
+def test_one_failed_sender_fails_every_receiver(runs: list[dict]) -> None:
+    """Tensor rank 0 of the sending stage aborts, rank 1 sends: both receivers raise (the
+    one whose own sender was fine would otherwise wait in the gather for the other part)."""
+    for r in runs:
+        if r["stage"] == 1:
+            assert r["abort"] is not None and r["abort"].startswith("PipeAborted"), r["abort"]
+        else:
+            assert r["abort"] is None, r["abort"]
