@@ -381,11 +381,14 @@ def _fingerprint(t: torch.Tensor) -> tuple[Any, ...]:
         data = x.contiguous().view(torch.uint8).cpu().numpy().tobytes()
         return ("bytes", hashlib.blake2b(data, digest_size=16).hexdigest())
     acc = torch.zeros(3, dtype=torch.float64, device=x.device)
-    # drawn on the host: a device's random stream can depend on its model (its SM count)
+    # drawn on the host (a device's random stream can depend on its model, its SM count),
+    # once: every chunk is projected on the same signs
     gen = torch.Generator().manual_seed(0x5EED)
+    signs = torch.randint(0, 4, (min(x.numel(), _PRINT_CHUNK),), generator=gen, dtype=torch.int8)
+    signs = signs.to(x.device)
     for i in range(0, x.numel(), _PRINT_CHUNK):
         c = x[i : i + _PRINT_CHUNK].double()
-        r = torch.randint(0, 4, c.shape, generator=gen).to(x.device)
+        r = signs[: c.numel()]
         acc[0] += (c * c).sum()
         acc[1] += (c * ((r & 1) * 2 - 1)).sum()
         acc[2] += (c * ((r >> 1) * 2 - 1)).sum()
