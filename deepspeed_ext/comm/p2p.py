@@ -15,6 +15,9 @@ Before the first packet the receiver knows no size, so the first message (and an
 comes before any packet) is a 2-word hello [code, meta length]. Sends are non-blocking (the
 receiver posts its receives in schedule order, so a schedule that is valid when simulated in
 one process cannot deadlock); each send's buffer is kept alive until its work completes.
+A batch that fails part way leaves its unread messages (and abort words) queued on the
+channels, where the next batch would take them for its own: the pipeline engine refuses
+every batch after a failed one, naming the failure (a new engine gets new tags).
 
 [Note: partitioned p2p]
 Under tensor slicing, every tensor-parallel rank of a stage holds the same activations (and

@@ -95,6 +95,7 @@ class PipelineEngine(DeepSpeedEngine):
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
         self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
         self.has_attention_mask = False  # upstream's flag: set_has_attention_mask
+        self._failed: str | None = None  # a batch that failed mid-schedule ([Note: pipeline p2p])
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
@@ -232,6 +233,7 @@ class PipelineEngine(DeepSpeedEngine):
 
     # -- batches --
     def train_batch(self, data_iter: Iterator[Any] | None = None) -> torch.Tensor:
+        self._check_not_failed()
         if not torch.is_grad_enabled():
             raise PipelineError("train_batch() needs gradients: call it outside torch.no_grad()")
         if data_iter is not None:
@@ -256,8 +258,16 @@ class PipelineEngine(DeepSpeedEngine):
         bcast_loss: bool = True,
         num_micro_batches: int | None = None,
     ) -> Any:
+        self._check_not_failed()
         if reduce_output not in (None, "avg"):
             raise ValueError(f"eval_batch(reduce_output={reduce_output!r}): use 'avg' or None")
+        if num_micro_batches is not None and (
+            not isinstance(num_micro_batches, int) or num_micro_batches < 1
+        ):
+            raise ValueError(
+                f"eval_batch(num_micro_batches={num_micro_batches!r}): give a positive count, "
+                "or None for gradient_accumulation_steps"
+            )
         saved = self.data_iterator
         self.set_dataiterator(data_iter)
         self._check_data_iterators()
@@ -333,15 +343,26 @@ class PipelineEngine(DeepSpeedEngine):
                     handlers[type(cmd)](cmd)
             for ch in senders:
                 ch.wait_sends()
-        except Exception:
-            # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p])
+        except BaseException as e:
+            # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p]);
+            # messages of this batch may stay in flight, so no later batch may run on them
             for ch in senders:
                 ch.abort()
+            self._failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             raise
         finally:  # free the activations; the losses stay for eval_batch to read
             losses = self._losses
             self._reset_buffers()
             self._losses = losses
+
+    def _check_not_failed(self) -> None:
+        if self._failed is not None:
+            raise PipelineError(
+                f"an earlier batch failed on stage {self.stage_id} ({self._failed}): messages "
+                "of that batch between stages may still be in flight, so this engine cannot "
+                "run another batch (it would read them as this one's). Build a new engine "
+                "(deepspeed.initialize, then load_checkpoint to resume) or restart the job"
+            )
 
     def _timed(self, handler: Callable[[Any], None], name: str) -> Callable[[Any], None]:
         def run(cmd: Any) -> None:
@@ -579,7 +600,8 @@ class PipelineEngine(DeepSpeedEngine):
         return [self._mean_over_data([v[i] for v in values], m) for i in range(len(values[0]))]
 
     def _from_last_stage(self, value: torch.Tensor | None) -> torch.Tensor:
-        """The last stage's scalar on every stage of this pipeline."""
+        """The last stage's scalar on every stage of this pipeline (a loss: the forward
+        pass refuses a loss_fn that returns anything else)."""
         t = torch.zeros((), device=self._comm_device)
         if value is not None:
             t.copy_(value.detach().reshape(()))

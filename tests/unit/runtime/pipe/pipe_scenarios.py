@@ -252,6 +252,19 @@ def detached_stage() -> dict[str, Any]:
     return _expect_failure(lambda: _train(engine, 1))
 
 
+def failed_batch_then_more() -> dict[str, Any]:
+    """An eval iterator that runs out mid-batch (1 micro-batch for 2): the batch fails on
+    both stages; the engine then refuses further batches (that batch's messages may still
+    be in flight) instead of reading them as the next batch's, on every stage."""
+    engine = _engine(_module())
+    _train(engine, 1)
+    short = pr.batches(5, 0, 1)
+    first = _expect_failure(lambda: engine.eval_batch(iter(short)))
+    then = _expect_failure(lambda: _train(engine, 1))
+    again = _expect_failure(lambda: engine.eval_batch(iter(short), num_micro_batches=1))
+    return {"first": first, "then": then, "again": again}
+
+
 SCENARIOS = {
     "eval": eval_after_training,
     "interleaved": interleaved,
@@ -270,6 +283,7 @@ SCENARIOS = {
     "iterator_lost_later": iterator_lost_later,
     "missing_loss_fn": missing_loss_fn,
     "detached_stage": detached_stage,
+    "failed_batch": failed_batch_then_more,
 }
 
 

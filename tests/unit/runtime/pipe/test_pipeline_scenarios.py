@@ -162,3 +162,13 @@ def test_a_stage_with_no_gradient_to_send_says_why(runs: list[dict]) -> None:
     last, first = runs[1]["detached_stage"], runs[0]["detached_stage"]
     assert last["error"] == "PipelineError" and "use_reentrant=False" in last["message"]
     assert first["error"] == "PipeAborted"
+
+
+def test_an_engine_whose_batch_failed_refuses_the_next(runs: list[dict]) -> None:
+    for r in runs:
+        got = r["failed_batch"]
+        assert got["first"]["error"] in ("StopIteration", "PipeAborted"), got["first"]
+        assert got["then"]["error"] == "PipelineError", got["then"]
+        assert "an earlier batch failed" in got["then"]["message"], got["then"]
+        assert got["first"]["error"] in got["then"]["message"], got
+        assert got["again"]["error"] == "PipelineError", got["again"]  # eval_batch too

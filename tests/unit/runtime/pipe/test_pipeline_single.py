@@ -54,6 +54,9 @@ def checks() -> dict[str, Any]:
     out["counters"] = (engine.global_steps, engine.micro_steps, engine.global_samples)
     out["forward"] = error_text(lambda: engine(torch.zeros(1)))
     out["step"] = error_text(engine.step)
+    out["zero_micro_batches"] = error_text(
+        lambda: engine.eval_batch(iter(pr.batches(0, 0, 2)), num_micro_batches=0)
+    )
 
     data = [pr.micro_batch(0, 0, i) for i in range(3)]
     dataset = [(ids[0], labels[0]) for ids, labels in data]  # samples, batched by the loader
@@ -99,6 +102,10 @@ def test_one_stage_matches_the_reference(res: dict[str, Any]) -> None:
 def test_training_data_feeds_train_batch(res: dict[str, Any]) -> None:
     assert res["loader"]
     assert all(torch.isfinite(torch.tensor(res["fed"])))
+
+
+def test_eval_batch_refuses_zero_micro_batches(res: dict[str, Any]) -> None:
+    assert "num_micro_batches=0" in res["zero_micro_batches"], res["zero_micro_batches"]
 
 
 def test_micro_batch_api_is_refused(res: dict[str, Any]) -> None:
