@@ -12,6 +12,7 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,6 +97,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
         self.has_attention_mask = False  # upstream's flag: set_has_attention_mask
         self._failed: str | None = None  # a batch that failed mid-schedule ([Note: pipeline p2p])
+        self._prefetched: deque[Any] = deque()  # an eval batch's micro-batches, pulled first
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
@@ -276,6 +278,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._return_logits = return_logits
         m = num_micro_batches or self.micro_batches
         try:
+            self._prefetch(m)
             with torch.no_grad():
                 self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id, self.chunks))
             out: Any = None
@@ -286,6 +289,7 @@ class PipelineEngine(DeepSpeedEngine):
                 out = self._from_last_stage(out)
         finally:
             self.data_iterator = saved
+            self._prefetched.clear()
             self._return_logits = False
             self.module.train()
         if return_logits:
@@ -391,7 +395,32 @@ class PipelineEngine(DeepSpeedEngine):
         if self._is_last(c):
             self._labels[(c, b)] = _to_device(batch[1], self.device)
 
+    def _prefetch(self, m: int) -> None:
+        """eval_batch's m micro-batches, pulled before any stage sends, and whether every
+        data stage had them, agreed over all ranks: evaluation data running out (an eval
+        loop's usual end) raises StopIteration on every rank before the pipeline starts,
+        so the engine stays usable, where running out mid-batch would leave that batch's
+        messages queued between stages (the engine would then refuse further batches)."""
+        ran_out: StopIteration | None = None
+        if self._needs_data():
+            try:
+                for _ in range(m):
+                    self._prefetched.append(self._pull_batch())
+            except StopIteration as e:
+                ran_out = e
+        flag = torch.tensor([1.0 if ran_out is not None else 0.0], device=self._comm_device)
+        comm.all_reduce(flag, op=comm.ReduceOp.MAX)
+        if ran_out is not None:
+            raise ran_out
+        if flag.item():
+            raise StopIteration("eval_batch: the evaluation data ran out on another rank's stage")
+
     def _next_batch(self) -> Any:
+        if self._prefetched:
+            return self._prefetched.popleft()
+        return self._pull_batch()
+
+    def _pull_batch(self) -> Any:
         if self.data_iterator is None:
             raise PipelineError(
                 f"stage {self.stage_id} (rank {self.rank}) has no data iterator: pass "

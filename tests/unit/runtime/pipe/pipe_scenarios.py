@@ -252,14 +252,27 @@ def detached_stage() -> dict[str, Any]:
     return _expect_failure(lambda: _train(engine, 1))
 
 
+def eval_data_runs_out() -> dict[str, Any]:
+    """An eval iterator with 1 micro-batch for 2 (an eval loop's end): StopIteration on
+    every stage before any p2p, and training goes on exactly as without that call."""
+    engine, plain = _engine(_module()), _engine(_module())
+    _train(engine, 1)
+    out = _expect_failure(lambda: engine.eval_batch(iter(pr.batches(5, 0, 1))))
+    it = iter(pr.batches(1, 0, 2)) if engine._needs_data() else None
+    after = float(engine.train_batch(it))
+    return {"eval": out, "after": after, "plain": _train(plain, 2)[1]}
+
+
 def failed_batch_then_more() -> dict[str, Any]:
-    """An eval iterator that runs out mid-batch (1 micro-batch for 2): the batch fails on
+    """A train iterator that runs out mid-batch (1 micro-batch for 2): the batch fails on
     both stages; the engine then refuses further batches (that batch's messages may still
     be in flight) instead of reading them as the next batch's, on every stage."""
     engine = _engine(_module())
     _train(engine, 1)
     short = pr.batches(5, 0, 1)
-    first = _expect_failure(lambda: engine.eval_batch(iter(short)))
+    first = _expect_failure(
+        lambda: engine.train_batch(iter(short) if engine._needs_data() else None)
+    )
     then = _expect_failure(lambda: _train(engine, 1))
     again = _expect_failure(lambda: engine.eval_batch(iter(short), num_micro_batches=1))
     return {"first": first, "then": then, "again": again}
@@ -283,6 +296,7 @@ SCENARIOS = {
     "iterator_lost_later": iterator_lost_later,
     "missing_loss_fn": missing_loss_fn,
     "detached_stage": detached_stage,
+    "eval_runs_out": eval_data_runs_out,
     "failed_batch": failed_batch_then_more,
 }
 

@@ -164,6 +164,13 @@ def test_a_stage_with_no_gradient_to_send_says_why(runs: list[dict]) -> None:
     assert first["error"] == "PipeAborted"
 
 
+def test_eval_data_running_out_stops_every_stage_and_training_goes_on(runs: list[dict]) -> None:
+    for r in runs:
+        got = r["eval_runs_out"]
+        assert got["eval"]["error"] == "StopIteration", got["eval"]
+        assert got["after"] == got["plain"], got
+
+
 def test_an_engine_whose_batch_failed_refuses_the_next(runs: list[dict]) -> None:
     for r in runs:
         got = r["failed_batch"]
