@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -73,33 +72,12 @@ def worker(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, link: netns.Link | None) -> dict[str, list[float]]:
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
-        world, per = 2 * args.per_node, args.per_node
-        master = link.addresses[0] if link else "127.0.0.1"
-        procs = []
-        for rank in range(world):
-            node = rank // per
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world),
-                "LOCAL_RANK": str(rank % per),
-                "LOCAL_WORLD_SIZE": str(per),
-                "MASTER_ADDR": master,
-                "MASTER_PORT": str(29900 + os.getpid() % 90),
-                "OMP_NUM_THREADS": "1",
-            }
-            if link:
-                env["GLOO_SOCKET_IFNAME"] = link.interfaces[node]
-            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out)]
-            argv += ["--mb", str(args.mb), "--iters", str(args.iters)]
-            argv += ["--warmup", str(args.warmup), "--per-node", str(per)]
-            argv += ["--segments", str(args.segments)]
-            procs.append(
-                link.run_in(node, argv, env=env) if link else subprocess.Popen(argv, env=env)
-            )
-        codes = [p.wait(timeout=600) for p in procs]
-        if any(codes):
-            raise SystemExit(f"a rank failed: exit codes {codes}")
+        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out)]
+        argv += ["--mb", str(args.mb), "--iters", str(args.iters)]
+        argv += ["--warmup", str(args.warmup), "--per-node", str(args.per_node)]
+        argv += ["--segments", str(args.segments)]
+        procs = netns.start_ranks(link, args.per_node, argv, 29900 + os.getpid() % 90)
+        netns.wait_ranks(procs, timeout=600)
         return json.loads(out.read_text())
 
 

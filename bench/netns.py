@@ -82,3 +82,34 @@ def linked_pair(tag: str, rate: str | None = "1gbit", subnet: str = "10.77.0") -
     finally:
         for ns in (a, b):
             _ip("netns", "del", ns, check=False)  # takes the veth pair with it
+
+
+def start_ranks(
+    link: Link | None, per_node: int, argv: list[str], port: int
+) -> list[subprocess.Popen]:
+    """2 x per_node ranks of `argv` (a torch.distributed job with the env contract): node i
+    runs ranks i*per_node.. in namespace i, its gloo traffic on its end of the link; with no
+    link, all on loopback."""
+    procs = []
+    for rank in range(2 * per_node):
+        node = rank // per_node
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "WORLD_SIZE": str(2 * per_node),
+            "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node),
+            "MASTER_ADDR": link.addresses[0] if link else "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "OMP_NUM_THREADS": "1",
+        }
+        if link:
+            env["GLOO_SOCKET_IFNAME"] = link.interfaces[node]
+        procs.append(link.run_in(node, argv, env=env) if link else subprocess.Popen(argv, env=env))
+    return procs
+
+
+def wait_ranks(procs: list[subprocess.Popen], timeout: float) -> None:
+    codes = [p.wait(timeout=timeout) for p in procs]
+    if any(codes):
+        raise SystemExit(f"a rank failed: exit codes {codes}")

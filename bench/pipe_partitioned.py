@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -142,34 +141,15 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace, link: netns.Link | None) -> dict[str, Any]:
+    """Ranks 0, 1 (stage 0's tensor group) on one node, 2, 3 (stage 1's) on the other."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "r.json"
-        master = link.addresses[0] if link else "127.0.0.1"
-        procs = []
-        for rank in range(2 * TP):
-            node = rank // TP  # ranks 0, 1: stage 0's tensor group; 2, 3: stage 1's
-            env = {
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": str(2 * TP),
-                "LOCAL_RANK": str(rank % TP),
-                "LOCAL_WORLD_SIZE": str(TP),
-                "MASTER_ADDR": master,
-                "MASTER_PORT": str(29800 + os.getpid() % 90),
-                "OMP_NUM_THREADS": "1",
-            }
-            if link:
-                env["GLOO_SOCKET_IFNAME"] = link.interfaces[node]
-            argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out)]
-            for key in ("micro_batch", "micro_batches", "seq", "d_model", "blocks", "vocab"):
-                argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
-            argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-            procs.append(
-                link.run_in(node, argv, env=env) if link else subprocess.Popen(argv, env=env)
-            )
-        codes = [p.wait(timeout=900) for p in procs]
-        if any(codes):
-            raise SystemExit(f"a rank failed: exit codes {codes}")
+        argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--out", str(out)]
+        for key in ("micro_batch", "micro_batches", "seq", "d_model", "blocks", "vocab"):
+            argv += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+        argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+        procs = netns.start_ranks(link, TP, argv, 29800 + os.getpid() % 90)
+        netns.wait_ranks(procs, timeout=900)
         return json.loads(out.read_text())
 
 
