@@ -128,8 +128,7 @@ def worker(args: argparse.Namespace) -> None:
             torch.distributed.barrier()
             if i >= args.warmup:
                 times[way].append(time.perf_counter() - t0)
-                rows = comm.comms_logger.summary_rows().get("isend", {})
-                sent[way] += sum(size * r["count"] for size, r in rows.items())
+                sent[way] += comm.comms_logger.total_bytes("isend")
             losses[way].append(float(loss))
     sent_all = [None] * comm.get_world_size()
     torch.distributed.all_gather_object(sent_all, sent)

@@ -187,6 +187,10 @@ class CommsLogger:
     def get_total_operations(self) -> int:
         return sum(len(s.latencies) for sizes in self.comms_dict.values() for s in sizes.values())
 
+    def total_bytes(self, op: str) -> int:
+        """Bytes of every logged call of `op` since the last reset (ours)."""
+        return sum(size * len(s.latencies) for size, s in self.comms_dict.get(op, {}).items())
+
     def get_raw_data(self) -> dict[str, dict[int, OpStats]]:
         return {k: dict(v) for k, v in self.comms_dict.items()}
 

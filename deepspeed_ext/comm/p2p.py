@@ -35,6 +35,7 @@ so that one failed sender makes every receiver of the stage raise.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import deque
@@ -98,14 +99,16 @@ def describe(meta: Meta) -> str:
 _HEAD = 16  # bytes: [code, meta length] as int64
 
 
-def _layout(meta: Meta) -> tuple[list[int], int]:
-    """Byte offsets of each tensor in a packet, and the packet's size."""
+@functools.lru_cache(maxsize=256)
+def _layout(meta: Meta) -> tuple[tuple[int, ...], int]:
+    """Byte offsets of each tensor in a packet, and the packet's size (every message of a
+    channel asks again: computed once per meta)."""
     offsets, off = [], _HEAD
     for d, _, shape in meta:
         offsets.append(off)
         n = math.prod(shape) * d.itemsize
         off += (n + 15) // 16 * 16
-    return offsets, off
+    return tuple(offsets), off
 
 
 def _part_size(meta: Meta, n: int) -> int:
@@ -299,7 +302,7 @@ class PipeChannel:
             code, n = wire[:_HEAD].view(torch.int64).tolist()  # one host read per message
             self._agree(code)
             if code == _OK:
-                return self._gathered(buf, views)
+                return self._gathered(buf, wire, views)
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
         if code != _META:
@@ -315,7 +318,7 @@ class PipeChannel:
         self._agree(code)
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
-        return self._gathered(buf, views)
+        return self._gathered(buf, wire, views)
 
     def _agree(self, code: int) -> None:
         """Split: the receivers of a stage learn each other's message codes before they
@@ -352,13 +355,12 @@ class PipeChannel:
         return buf[at : at + _HEAD + c]
 
     def _gathered(
-        self, buf: torch.Tensor, views: tuple[torch.Tensor, ...]
+        self, buf: torch.Tensor, wire: torch.Tensor, views: tuple[torch.Tensor, ...]
     ) -> tuple[torch.Tensor, ...]:
+        """The slot's tensors, the other ranks' parts gathered around this one's (the wire
+        after its header) when split."""
         if self.split is not None:
-            assert self.recv_meta is not None
-            c = _part_size(self.recv_meta, self.split.size)
-            own = buf[_HEAD + self.split.rank * c : _HEAD + (self.split.rank + 1) * c]
-            all_gather_bucket(buf[_HEAD:], own, group=self.split).wait()
+            all_gather_bucket(buf[_HEAD:], wire[_HEAD:], group=self.split).wait()
         return views
 
     def _slot(self, slot: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:

@@ -352,7 +352,7 @@ class PipelineEngine(DeepSpeedEngine):
             # messages of this batch may stay in flight, so no later batch may run on them
             for ch in senders:
                 ch.abort()
-            self._failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self._failed = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
             raise
         finally:  # free the activations; the losses stay for eval_batch to read
             losses = self._losses

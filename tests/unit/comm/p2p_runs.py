@@ -21,11 +21,6 @@ def _tensors(step: int, rows: int = 3) -> tuple[torch.Tensor, ...]:
     )
 
 
-def _isend_bytes(comm: Any) -> int:
-    rows = comm.comms_logger.summary_rows().get("isend", {})
-    return sum(size * row["count"] for size, row in rows.items())
-
-
 def channels() -> dict[str, Any]:
     """Messages over a split channel and an unsplit one arrive alike (several slots, a
     dynamic shape change); the split sender puts about half the bytes on the link; a
@@ -54,7 +49,7 @@ def channels() -> dict[str, Any]:
                 got.append([x.clone() for x in ch.recv(slot=step % 2)])
         if stage == 0:
             ch.wait_sends()
-            sent[tag] = _isend_bytes(comm)
+            sent[tag] = comm.comms_logger.total_bytes("isend")
         out[f"got_{tag}"] = got
     comm.comms_logger.configure(enabled=False)
     out["sent"] = sent
