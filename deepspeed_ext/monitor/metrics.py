@@ -16,6 +16,11 @@ from .writers import Writer
 
 
 class StepMetrics:
+    # the line's own values; add_values() must not take these names
+    RESERVED = frozenset(
+        ["loss", "lr", "loss_scale", "grad_norm", "samples_per_s", "tokens_per_s", "peak_mem_gib"]
+    )
+
     def __init__(
         self,
         every: int | None,
@@ -49,6 +54,7 @@ class StepMetrics:
         self._samples = 0
         self._tokens: int | None = 0
         self._losses: list[Any] = []  # detached loss tensors; read only when printing
+        self._values: dict[str, list[float]] = {}  # add_values(), by name
         self.last: dict[str, float] = {}
 
     def add_micro_batch(self, samples: int, tokens: int | None) -> None:
@@ -61,6 +67,12 @@ class StepMetrics:
     def add_loss(self, loss: Any) -> None:
         self._losses.append(loss)
 
+    def add_values(self, values: dict[str, float]) -> None:
+        """More losses of the step by name (a pipeline's additional losses): averaged over
+        the window like the loss, printed after it and written as they are named."""
+        for name, v in values.items():
+            self._values.setdefault(name, []).append(v)
+
     def on_step(
         self,
         step: int,
@@ -70,7 +82,7 @@ class StepMetrics:
         grad_norm: float | None,
     ) -> None:
         if not (self.print_line or self.writers or self.rank_times):
-            self._losses = []  # nobody will read them: do not hold tensors
+            self._losses, self._values = [], {}  # nobody will read them: do not hold them
             return
         if step % self.every != 0:
             return
@@ -83,6 +95,8 @@ class StepMetrics:
         values: dict[str, float] = {}
         if self._losses:
             values["loss"] = sum(float(x) for x in self._losses) / len(self._losses)
+        named = {k: sum(vs) / len(vs) for k, vs in self._values.items()}
+        values.update(named)
         values["lr"] = lr
         if loss_scale is not None:
             values["loss_scale"] = loss_scale
@@ -103,6 +117,7 @@ class StepMetrics:
         parts = [f"step {step}"]
         if "loss" in values:
             parts.append(f"loss {values['loss']:.4f}")
+        parts += [f"{k} {v:.4f}" for k, v in named.items()]
         parts.append(f"lr {lr:.3e}")
         if loss_scale is not None:
             parts.append(f"loss scale {loss_scale:g}")
@@ -118,7 +133,7 @@ class StepMetrics:
         for w in self.writers:
             w.write(step, samples, values)
         self._t0 = time.perf_counter()
-        self._samples, self._tokens, self._losses = 0, 0, []
+        self._samples, self._tokens, self._losses, self._values = 0, 0, [], {}
 
     def close(self) -> None:
         for w in self.writers:

@@ -31,13 +31,14 @@ from .grad_clip import clip_factor
 class StepOutcome:
     norm: float  # the unscaled global gradient norm (inf/nan on overflow)
     overflow: bool  # gradients not finite: the step was skipped
-    pipe_sum: float = 0.0  # the sum over the pipe group of the caller's `pipe_extra`
+    # the sums over the pipe group of the caller's `pipe_extra` values
+    pipe_sums: tuple[float, ...] = ()
 
 
-def _scalar_like(ref: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
+def _vector_like(ref: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
-        return value.detach().to(ref.device, torch.float64).reshape(())
-    return torch.full_like(ref, value)
+        return value.detach().to(ref.device, torch.float64).reshape(-1)
+    return torch.full_like(ref, value).reshape(1)
 
 
 def global_grad_norm(
@@ -46,16 +47,17 @@ def global_grad_norm(
     inv_scale: float,
     replicated_sq: torch.Tensor | float = 0.0,
     pipe_extra: torch.Tensor | float = 0.0,
-) -> tuple[float, float]:
-    """The whole model's gradient norm, the same on every rank, and the pipe-group sum of
-    `pipe_extra` (a pipeline's loss rides along: one collective instead of two).
-    replicated_sq: the part of this rank's sum of squares that another stage also holds
-    (pipeline tied weights), so counted once. The sums stay on the device until the one
-    host read of both."""
+) -> tuple[float, tuple[float, ...]]:
+    """The whole model's gradient norm, the same on every rank, and the pipe-group sums of
+    `pipe_extra` (a number or a vector, the same length on every rank: a pipeline's loss
+    rides along, one collective instead of two). replicated_sq: the part of this rank's sum
+    of squares that another stage also holds (pipeline tied weights), so counted once. The
+    sums stay on the device until the one host read of all of them."""
     sq = strategy.grad_sq_sum()
-    both = torch.stack([sq - _scalar_like(sq, replicated_sq), _scalar_like(sq, pipe_extra)])
-    total, extra = sum_tensor_over(both, pipe).tolist()
-    return math.sqrt(max(total, 0.0)) * inv_scale if math.isfinite(total) else total, extra
+    own = (sq - _vector_like(sq, replicated_sq)).reshape(1)
+    total, *extra = sum_tensor_over(torch.cat([own, _vector_like(sq, pipe_extra)]), pipe).tolist()
+    norm = math.sqrt(max(total, 0.0)) * inv_scale if math.isfinite(total) else total
+    return norm, tuple(extra)
 
 
 def optimizer_step(
@@ -71,7 +73,7 @@ def optimizer_step(
     skip_nonfinite: bool = False,
 ) -> StepOutcome:
     inv_scale = 1.0 / loss_scaler.loss_scale if loss_scaler is not None else 1.0
-    norm, pipe_sum = global_grad_norm(strategy, pipe, inv_scale, replicated_sq, pipe_extra)
+    norm, pipe_sums = global_grad_norm(strategy, pipe, inv_scale, replicated_sq, pipe_extra)
     overflow = (skip_nonfinite or loss_scaler is not None) and not math.isfinite(norm)
     if overflow:
         if loss_scaler is not None:
@@ -87,4 +89,4 @@ def optimizer_step(
         if lr_scheduler is not None:
             lr_scheduler.step(**lr_kwargs)
     strategy.zero_grads()
-    return StepOutcome(norm, overflow, pipe_sum)
+    return StepOutcome(norm, overflow, pipe_sums)

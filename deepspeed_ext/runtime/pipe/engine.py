@@ -12,8 +12,9 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Iterator
+import hashlib
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -48,6 +49,19 @@ _TIMED: dict[type[sch.PipeInstruction], str] = {
     sch.RecvActivation: PIPE_RECV_INPUT_TIMER,
     sch.RecvGrad: PIPE_RECV_GRAD_TIMER,
 }
+
+
+# [Note: additional losses] A PipelineModule whose get_additional_losses() returns
+# {name: tensor} (upstream's hook: MoE auxiliary losses and the like, for reporting) has them
+# read after each training forward on the last stage and summed over the batch
+# (total_additional_losses); at the optimizer step they are averaged over the micro-batches
+# and the data-parallel ranks (in the loss's all-reduce) and reach every stage of the
+# pipeline as agg_additional_losses, scalar ones also on the metrics line and the monitors.
+# Their count and a key of their names and shapes ride on the norm's all-reduce, so only the
+# last stage needs to return them (upstream needs every stage to return the same names);
+# the values follow in one more all-reduce when there are any, and the names in a gather
+# when they change. Every data-parallel rank of the last stage must return the same names.
+AdditionalMeta = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 class PipelineError(RuntimeError):
@@ -88,6 +102,10 @@ class PipelineEngine(DeepSpeedEngine):
             self.data_iterator = iter(RepeatingLoader(self.training_dataloader))
         self.agg_train_loss: torch.Tensor | None = None
         self.total_loss: torch.Tensor | None = None
+        # [Note: additional losses]: the last stage's batch sums; every rank's batch means
+        self.total_additional_losses: OrderedDict[str, torch.Tensor] | None = None
+        self.agg_additional_losses: OrderedDict[str, torch.Tensor] | None = None
+        self._additional_meta: tuple[float, AdditionalMeta] = (0.0, ())  # key, names/shapes
         self._compute_loss = True
         self._return_logits = False
         self.outputs: Any = None
@@ -243,6 +261,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._check_data_iterators()
         self.module.train()
         self._compute_loss = True
+        self.total_additional_losses = None
         self._batch_t0 = self.timers.now()
         self._run(self._train_schedule())
         assert self.total_loss is not None  # set by the schedule's OptimizerStep
@@ -473,6 +492,31 @@ class PipelineEngine(DeepSpeedEngine):
             self.outputs = out
         self._outputs[(c, b)] = loss
         self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        if torch.is_grad_enabled():  # a training batch ([Note: additional losses])
+            self._add_additional_losses()
+
+    def _add_additional_losses(self) -> None:
+        hook: Any = getattr(self.module, "get_additional_losses", None)
+        got = hook() if hook is not None else None
+        if got is None:
+            return
+        if not isinstance(got, Mapping):
+            raise TypeError(
+                f"PipelineModule.get_additional_losses() returned a {type(got).__name__}: "
+                "return a dict of name -> loss tensor (or number), or None"
+            )
+        total = self.total_additional_losses
+        if total is None:
+            total = self.total_additional_losses = OrderedDict()
+        for name, value in got.items():
+            if not isinstance(name, str) or name in self.metrics.RESERVED:
+                raise ValueError(
+                    f"PipelineModule.get_additional_losses(): the name {name!r} is not a "
+                    f"string, or is one of the metrics line's own ({sorted(self.metrics.RESERVED)})"
+                    ": rename it"
+                )
+            t = torch.as_tensor(value).detach().float()
+            total[name] = total[name] + t if name in total else t.clone()
 
     def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
         key = self._key(cmd)
@@ -592,16 +636,24 @@ class PipelineEngine(DeepSpeedEngine):
             if self.strategy.partitioned_grads:
                 sq = comm.sum_tensor_over(sq, self.layout.data)
         # the batch loss rides on the norm's pipe-group sum: the last stage adds it, the
-        # others 0, so every stage learns it without a broadcast of its own
-        loss: torch.Tensor | float = 0.0
-        if self.is_last_stage():
-            loss = self._mean_over_data(self._losses, self.micro_batches)
-            if self._norm_axis is not self.layout.pipe and self.layout.tensor.rank > 0:
-                loss = 0.0  # the sum runs over the tensor slices too: count the loss once
+        # others 0, so every stage learns it without a broadcast of its own; so do the
+        # additional losses' count and key ([Note: additional losses])
+        ride = torch.zeros(3, dtype=torch.float64, device=self._comm_device)
+        extra: torch.Tensor | None = None
+        meta: AdditionalMeta = ()
+        # the sum runs over the tensor slices too: one of them counts the loss
+        counts = self._norm_axis is self.layout.pipe or self.layout.tensor.rank == 0
+        if self.is_last_stage() and counts:
+            loss, extra, meta = self._batch_means()
+            ride[0], ride[1], ride[2] = loss, extra.numel(), _meta_key(meta)
+        elif self.is_last_stage():
+            self._batch_means()  # the data-parallel all-reduce: every rank joins
         with self.timers.phase("step"):
-            out = self._model_step({}, replicated_sq=sq, pipe_extra=loss)
-        self.total_loss = torch.tensor(out.pipe_sum, dtype=torch.float32)
+            out = self._model_step({}, replicated_sq=sq, pipe_extra=ride)
+        total, n, key = out.pipe_sums
+        self.total_loss = torch.tensor(total, dtype=torch.float32)
         self.metrics.add_loss(self.total_loss)
+        self._share_additional_losses(int(n), key, extra, meta)
         self.timers.since(TRAIN_BATCH_TIMER, self._batch_t0)  # before the window below closes
         if self.slow_nodes is not None:
             self.slow_nodes.on_step(self.global_steps)
@@ -619,6 +671,43 @@ class PipelineEngine(DeepSpeedEngine):
         return comm.collective_device(self.layout.pipe)
 
     # -- losses --
+    def _batch_means(self) -> tuple[torch.Tensor, torch.Tensor, AdditionalMeta]:
+        """The last stage's batch loss and additional losses, each the mean over the
+        micro-batches and the data-parallel ranks (one all-reduce): loss, flat rest, meta."""
+        extra = self.total_additional_losses or OrderedDict()
+        meta = tuple((name, tuple(t.shape)) for name, t in extra.items())
+        loss = torch.stack([v.float() for v in self._losses]).sum().reshape(1)
+        parts = [loss, *(t.reshape(-1).to(loss.device) for t in extra.values())]
+        vec = torch.cat(parts) / self.micro_batches
+        comm.all_reduce(vec, group=self.layout.data)
+        vec /= self.dp_world_size
+        return vec[0], vec[1:], meta
+
+    def _share_additional_losses(
+        self, n: int, key: float, flat: torch.Tensor | None, meta: AdditionalMeta
+    ) -> None:
+        """Every stage gets the last stage's additional losses ([Note: additional losses])."""
+        if n == 0:
+            self.agg_additional_losses = None
+            return
+        if key != self._additional_meta[0]:  # new names or shapes: learn them
+            seen = comm.all_gather_object(meta if flat is not None else None, self._norm_axis)
+            self._additional_meta = (key, next(m for m in seen if m is not None))
+        values = torch.zeros(n, dtype=torch.float32, device=self._comm_device)
+        if flat is not None:
+            values.copy_(flat)
+        comm.all_reduce(values, group=self._norm_axis)  # one rank holds them, the rest 0
+        out: OrderedDict[str, torch.Tensor] = OrderedDict()
+        at = 0
+        for name, shape in self._additional_meta[1]:
+            size = 1
+            for d in shape:
+                size *= d
+            out[name] = values[at : at + size].reshape(shape).clone()
+            at += size
+        self.agg_additional_losses = out
+        self.metrics.add_values({k: float(v) for k, v in out.items() if v.numel() == 1})
+
     def _mean_over_data(self, values: list[Any], m: int) -> Any:
         if not values:
             return None
@@ -655,6 +744,14 @@ class PipelineEngine(DeepSpeedEngine):
                 "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
                 "and last stages, or training_data= to deepspeed.initialize"
             )
+
+
+def _meta_key(meta: AdditionalMeta) -> float:
+    """Names and shapes as a number a float64 sum carries exactly (< 2**48, not 0)."""
+    if not meta:
+        return 0.0
+    digest = hashlib.blake2b(repr(meta).encode(), digest_size=6).digest()
+    return float(int.from_bytes(digest, "big") or 1)
 
 
 __all__ = ["PipeAborted", "PipelineEngine", "PipelineError"]

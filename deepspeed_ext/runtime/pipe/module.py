@@ -249,4 +249,9 @@ class PipelineModule(torch.nn.Module):
         return [(p, g) for _, params, g in self.tied.entries() for p in params]
 
     def get_additional_losses(self) -> Any:
+        """Upstream's hook: override it to return {name: loss tensor} after each forward
+        (MoE auxiliary losses and the like); the engine averages them over the batch and
+        the data-parallel ranks into engine.agg_additional_losses on every stage, and
+        prints scalar ones on the metrics line ([Note: additional losses]). Only the last
+        stage's are read."""
         return None

@@ -338,10 +338,9 @@ def _pipeline_3d_engine(gas: int, zero: int, dp: int, pipeline: dict | None = No
     blocks' up / down layers sliced by partition_config rules."""
     from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
     from deepspeed_ext.runtime.initialize import initialize
-    from deepspeed_ext.runtime.pipe import PipelineModule
     from tests.unit.runtime.pipe import pipe_runs as pr
 
-    module = PipelineModule(
+    module = pr.aux_pipe(  # with an additional loss on the last stage
         pr.specs(),
         topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=dp),
         loss_fn=pr.lm_loss,
@@ -372,7 +371,7 @@ def _pipeline_3d_engine(gas: int, zero: int, dp: int, pipeline: dict | None = No
     return engine
 
 
-def _train_3d(engine: Any, steps: int, gas: int) -> list[float]:
+def _train_3d(engine: Any, steps: int, gas: int, aux: list[float] | None = None) -> list[float]:
     from tests.unit.runtime.pipe import pipe_runs as pr
 
     dp_rank = engine.grid.get_data_parallel_id()
@@ -380,6 +379,8 @@ def _train_3d(engine: Any, steps: int, gas: int) -> list[float]:
     for step in range(steps):
         it = iter(pr.batches(step, dp_rank, gas)) if engine._needs_data() else None
         losses.append(float(engine.train_batch(it)))
+        if aux is not None:
+            aux.append(float(engine.agg_additional_losses["logits_sq"]))
     return losses
 
 
@@ -388,11 +389,13 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
     the tensor ranks between stages): this rank's losses, its stage's weights made whole
     over the tensor group, and whether its channels were split."""
     engine = _pipeline_3d_engine(gas, zero, dp=2)
-    losses = _train_3d(engine, steps, gas)
+    aux: list[float] = []
+    losses = _train_3d(engine, steps, gas, aux)
     channels = [*engine._act_in.values(), *engine._act_out.values()]
     channels += [*engine._grad_in.values(), *engine._grad_out.values()]
     return {
         "losses": losses,
+        "aux": aux,
         "weights": full_weights(engine),
         "sliced": sorted(
             n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice")

@@ -109,28 +109,49 @@ def reference(
         from deepspeed_ext.runtime.lr_schedules import get_lr_scheduler
 
         sched = get_lr_scheduler("WarmupLR", opt, {"warmup_num_steps": warmup})
-    losses = []
+    losses, aux = [], []
     for step in range(steps):
-        total = 0.0
+        total, sq = 0.0, 0.0
         for d in range(dp):
             for ids, labels in data(step, d, gas):
-                loss = lm_loss(model(ids), labels)
+                logits = model(ids)
+                loss = lm_loss(logits, labels)
                 (loss / (gas * dp)).backward()
                 total += float(loss.detach()) / (gas * dp)
+                sq += float(logits.detach().float().pow(2).mean()) / (gas * dp)
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad()
         if sched is not None:
             sched.step()
         losses.append(total)
+        aux.append(sq)
     return {
         "losses": losses,
+        "aux": aux,  # AuxPipe's additional loss: the batch mean of the logits' mean square
         "params": [p.detach().clone() for p in model.parameters()],
         "model": model,
     }
 
 
 # -- the pipeline run (in each spawned rank) --
+def aux_pipe(*args: Any, **kwargs: Any) -> Any:
+    """A PipelineModule with upstream's get_additional_losses hook: the mean square of the
+    last stage's output, returned on the last stage only."""
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    class AuxPipe(PipelineModule):
+        def forward(self, forward_input: Any, chunk: int = 0) -> Any:
+            out = super().forward(forward_input, chunk)
+            self._aux = out.detach().float().pow(2).mean()
+            return out
+
+        def get_additional_losses(self) -> Any:
+            return {"logits_sq": self._aux} if self.stage_id == self.num_stages - 1 else None
+
+    return AuxPipe(*args, **kwargs)
+
+
 def pipeline_run(
     stages: int,
     zero: int,
@@ -142,9 +163,8 @@ def pipeline_run(
     schedule: str | None = None,
 ) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
-    from deepspeed_ext.runtime.pipe import PipelineModule
 
-    module = PipelineModule(
+    module = aux_pipe(
         specs(tied),
         num_stages=stages,
         loss_fn=lm_loss,
@@ -166,10 +186,11 @@ def pipeline_run(
         model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=LR)
     )
     dp_rank = engine.grid.get_data_parallel_id()
-    losses = []
+    losses, aux = [], []
     for step in range(steps):
         it = iter(batches(step, dp_rank, gas)) if engine._needs_data() else None
         losses.append(float(engine.train_batch(it)))
+        aux.append(float(engine.agg_additional_losses["logits_sq"]))
     # this stage's weights, named by global layer index (tied modules by their first use)
     weights = {}
     for name, p in module.named_parameters():
@@ -180,6 +201,7 @@ def pipeline_run(
         "dp": dp_rank,
         "parts": module.parts,
         "losses": losses,
+        "aux": aux,
         "weights": weights,
         "schedule": engine.schedule_name,
         "unsplit": engine.unsplit_backwards,

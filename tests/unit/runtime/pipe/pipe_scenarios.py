@@ -29,12 +29,12 @@ def _engine(module: Any, gas: int = 2, **extra: Any) -> Any:
     return engine
 
 
-def _module(**kw: Any) -> Any:
+def _module(aux: bool = False, **kw: Any) -> Any:
     from deepspeed_ext.runtime.pipe import PipelineModule
 
     args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
     args.update(kw)
-    return PipelineModule(pr.specs(), **args)
+    return (pr.aux_pipe if aux else PipelineModule)(pr.specs(), **args)
 
 
 def _train(engine: Any, steps: int, gas: int = 2) -> list[float]:
@@ -86,7 +86,7 @@ def fp16(power: int = 8, **extra: Any) -> dict[str, Any]:
 
 def timed() -> dict[str, Any]:
     """wall_clock_breakdown: each stage's window times, by upstream's timer names."""
-    engine = _engine(_module(), wall_clock_breakdown=True, steps_per_print=2)
+    engine = _engine(_module(aux=True), wall_clock_breakdown=True, steps_per_print=2)
     losses = _train(engine, 2)
     return {"losses": losses, "window": dict(engine.metrics.last)}
 

@@ -62,6 +62,8 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
     tol = {"fp32": dict(rtol=1e-5, atol=1e-5), "bf16": dict(rtol=3e-2, atol=3e-2)}[dtype]
     for r in per_rank:  # every rank returns the same loss: the batch mean over data ranks
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), **tol)
+        # the last stage's additional loss, on every stage ([Note: additional losses])
+        torch.testing.assert_close(torch.tensor(r["aux"]), torch.tensor(ref["aux"]), **tol)
     seen = set()
     for r in per_rank:
         assert len(r["parts"]) == stages * _chunks(CASES[case]) + 1

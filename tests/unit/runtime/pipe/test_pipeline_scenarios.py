@@ -83,6 +83,14 @@ def test_wall_clock_breakdown_times_the_pipeline_instructions(runs: list[dict]) 
         close(r["timed"]["losses"], ref["losses"])
 
 
+def test_additional_losses_reach_the_metrics_on_every_stage(runs: list[dict]) -> None:
+    """get_additional_losses, returned on the last stage only: the window's mean of the
+    batch means (steps 1 and 2 of the reference), on both stages' metrics."""
+    ref = pr.reference(2, 2, 1)
+    for r in runs:
+        close([r["timed"]["window"]["logits_sq"]], [sum(ref["aux"]) / 2])
+
+
 def test_activation_checkpointing_changes_nothing(runs: list[dict]) -> None:
     ref = pr.reference(3, 2, 1)
     for r in runs:

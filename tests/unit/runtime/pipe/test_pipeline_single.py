@@ -83,6 +83,11 @@ def checks() -> dict[str, Any]:
     out["mpu"] = error_text(
         lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
     )
+    for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
+        odd = _module()
+        odd.get_additional_losses = lambda returned=returned: returned  # type: ignore[method-assign]
+        engine, *_ = initialize(model=odd, config=_config(), optimizer=_adamw)
+        out[name] = error_text(lambda engine=engine: engine.train_batch(iter(pr.batches(0, 0, 2))))
     return out
 
 
@@ -132,3 +137,8 @@ def test_config_key_refuses_a_model_it_cannot_cut(res: dict[str, Any]) -> None:
 
 def test_mpu_beside_a_pipeline_module_is_refused(res: dict[str, Any]) -> None:
     assert "drop mpu=" in res["mpu"]
+
+
+def test_additional_losses_of_the_wrong_kind_are_refused_by_name(res: dict[str, Any]) -> None:
+    assert res["extra_list"].startswith("TypeError") and "returned a list" in res["extra_list"]
+    assert res["extra_reserved"].startswith("ValueError") and "'lr'" in res["extra_reserved"]
