@@ -1,13 +1,16 @@
 """torch.distributed as the comm layer calls it. The comm layer is the only torch.distributed
-user; through this one door, with device-strict mode on ([Note: device-strict mode] in
-accelerator/strict.py), every tensor handed to a collective is checked first: a host tensor
-over a device group is refused, as NCCL would refuse it on a GPU."""
+user; through this one door every tensor handed to a collective is checked first: a
+non-contiguous one is refused (gloo reads and writes such a tensor's storage as if it were
+dense, silently: a broadcast of a sliced batch delivered other elements), as NCCL refuses
+it; and with device-strict mode on ([Note: device-strict mode] in accelerator/strict.py), a
+host tensor over a device group is refused, as NCCL would refuse it on a GPU."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import torch
 import torch.distributed as _td
 
 from deepspeed_ext.accelerator import strict
@@ -29,8 +32,30 @@ def is_host_group(group: Any) -> bool:
     return any(group is g for g in _host_groups)
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Contiguous, or channels-last contiguous (which NCCL takes too)."""
+    if t.is_contiguous():
+        return True
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(t.dim())
+    return fmt is not None and t.is_contiguous(memory_format=fmt)
+
+
+def _check_dense(op: str, values: Any) -> None:
+    for v in values:
+        for t in v if isinstance(v, (list, tuple)) else (v,):
+            if isinstance(t, torch.Tensor) and not _dense(t):
+                raise ValueError(
+                    f"{op}: a non-contiguous tensor (shape {tuple(t.shape)}, strides "
+                    f"{t.stride()}) handed to a collective; gloo would move the wrong elements "
+                    "without an error and NCCL refuses it: pass t.contiguous() (and copy the "
+                    "result back where it must land in place)"
+                )
+
+
 def _checked(name: str, fn: Any, logged: bool = True) -> Any:
     def call(*args: Any, **kwargs: Any) -> Any:
+        _check_dense(name, args)
+        _check_dense(name, kwargs.values())
         if strict.active():
             strict.check_collective(
                 name, list(args) + list(kwargs.values()), not is_host_group(kwargs.get("group"))

@@ -56,5 +56,15 @@ def strict_collectives() -> dict[str, object]:
     buf.copy_(ok, non_blocking=True)
     get_accelerator().synchronize()
     out["after_synchronize"] = float(buf.sum())
+    # a non-contiguous tensor (a slice of a batch): gloo would move the wrong elements
+    sliced = torch.arange(12.0, device=dev).view(3, 4)[:, 1:]
+    try:
+        comm.all_reduce(sliced)
+        out["sliced_refused"] = ""
+    except ValueError as exc:
+        out["sliced_refused"] = str(exc)
+    nhwc = torch.ones(1, 2, 2, 3, device=dev).to(memory_format=torch.channels_last)
+    comm.all_reduce(nhwc)  # channels-last is dense: NCCL takes it, and so does gloo
+    out["channels_last_sum"] = float(nhwc.sum())
     comm.barrier()
     return out

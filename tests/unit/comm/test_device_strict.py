@@ -58,3 +58,5 @@ def test_collectives_over_two_ranks():
         assert "non_blocking" in r["pending_read_refused"]
         assert "still being written" in r["pending_collective_refused"]
         assert r["after_event"] == 6.0 and r["after_synchronize"] == 6.0
+        assert "non-contiguous" in r["sliced_refused"] and "strides (4, 1)" in r["sliced_refused"]
+        assert r["channels_last_sum"] == 24.0
