@@ -7,10 +7,13 @@ from deepspeed_ext.comm import init_distributed
 from deepspeed_ext.runtime.ds_config import DeepSpeedConfig
 from deepspeed_ext.runtime.engine import DeepSpeedEngine
 from deepspeed_ext.runtime.initialize import add_config_arguments, initialize
+from deepspeed_ext.runtime.pipe import PipelineEngine, PipelineModule  # deepspeed.PipelineEngine
 from deepspeed_ext.runtime.tensor_parallel import set_autotp_mode, tp_model_init
 from deepspeed_ext.version import __version__, __version_api__
 
-from . import comm, ops, zero  # transformers calls deepspeed.zero.Init after `import deepspeed`
+# transformers calls deepspeed.zero.Init after `import deepspeed`; Megatron-DeepSpeed reads
+# deepspeed.PipelineEngine and deepspeed.pipe
+from . import comm, ops, pipe, zero
 from .runtime import (
     lr_schedules,
 )  # accelerate reads deepspeed.runtime.lr_schedules after `import deepspeed`
@@ -25,6 +28,8 @@ version = __version__
 __all__ = [
     "DeepSpeedConfig",
     "DeepSpeedEngine",
+    "PipelineEngine",
+    "PipelineModule",
     "__version__",
     "add_config_arguments",
     "add_tuning_arguments",
@@ -32,6 +37,7 @@ __all__ = [
     "lr_schedules",
     "comm",
     "ops",
+    "pipe",
     "zero",
     "init_distributed",
     "initialize",

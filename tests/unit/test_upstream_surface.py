@@ -14,11 +14,14 @@ SURFACE = {
     "deepspeed": [
         "DeepSpeedConfig",
         "DeepSpeedEngine",
+        "PipelineEngine",  # Megatron-DeepSpeed: isinstance(model, deepspeed.PipelineEngine)
+        "PipelineModule",
         "add_config_arguments",
         "comm",
         "init_distributed",
         "initialize",
         "ops",
+        "pipe",
         "zero",
     ],
     "deepspeed.pt_model": ["DeepSpeedModel"],

@@ -93,6 +93,15 @@ class PipelineEngine(DeepSpeedEngine):
         self.micro_batches = self.gradient_accumulation_steps()
         self.is_pipe_parallel = self.num_stages > 1
         self.is_data_parallel = self.dp_world_size > 1
+        # upstream's attributes, read by Megatron-DeepSpeed / GPT-NeoX style code
+        self.is_model_parallel = self.layout.tensor.size > 1
+        self.is_pipe_partitioned = self.is_model_parallel and self.config.pipeline.pipe_partitioned
+        self.is_grad_partitioned = self.is_model_parallel and self.config.pipeline.grad_partitioned
+        self.micro_batch_size = self.train_micro_batch_size_per_gpu()
+        self.prev_stage, self.next_stage = self.stage_id - 1, self.stage_id + 1
+        # upstream's post-processing of each batch (set_batch_fn, or assigned): it gets None
+        # on a data stage without an iterator (a tensor rank whose batch it broadcasts)
+        self.batch_fn: Callable[[Any], Any] | None = None
         self.chunks = model.virtual_stages
         self.schedule_name = schedule_for(config, model)
         PipelineEngine._engines += 1  # every rank builds its engines in the same order
@@ -226,7 +235,21 @@ class PipelineEngine(DeepSpeedEngine):
             ch.renegotiate()
 
     def set_batch_fn(self, fn: Callable[[Any], Any]) -> None:
-        self._batch_fn = fn
+        self.batch_fn = fn
+
+    def get_pipeline_parallel_rank(self) -> int:
+        return self.stage_id
+
+    @property
+    def first_output_send(self) -> bool:
+        """Upstream's flag: whether the next send negotiates shapes first. Setting it True
+        (GPT-NeoX does before a generation of new shapes) is reset_activation_shape()."""
+        return any(ch.sent_meta is None or ch.reshape_next for ch in self._act_out.values())
+
+    @first_output_send.setter
+    def first_output_send(self, value: bool) -> None:
+        if value:
+            self.reset_activation_shape()
 
     # -- checkpoints ([Note: pipeline checkpoint]) --
     def _checkpoint_extras(self, tmp: Any, exclude_frozen: bool) -> dict[str, Any]:
@@ -440,15 +463,15 @@ class PipelineEngine(DeepSpeedEngine):
         return self._pull_batch()
 
     def _pull_batch(self) -> Any:
-        if self.data_iterator is None:
+        if self.data_iterator is None and self.batch_fn is None:
             raise PipelineError(
                 f"stage {self.stage_id} (rank {self.rank}) has no data iterator: pass "
                 "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
-                "and last stages"
+                "and last stages (or set_batch_fn(fn), which then gets None there)"
             )
-        batch = next(self.data_iterator)
-        if getattr(self, "_batch_fn", None) is not None:
-            batch = self._batch_fn(batch)
+        batch = next(self.data_iterator) if self.data_iterator is not None else None
+        if self.batch_fn is not None:
+            batch = self.batch_fn(batch)
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
             raise ValueError(
                 f"stage {self.stage_id}: the data iterator gave a {type(batch).__name__}; a "
@@ -734,7 +757,7 @@ class PipelineEngine(DeepSpeedEngine):
             return
         self._iterators_checked = True
         missing = torch.zeros(self.world_size, dtype=torch.float64, device=self._comm_device)
-        if self._needs_data() and self.data_iterator is None:
+        if self._needs_data() and self.data_iterator is None and self.batch_fn is None:
             missing[self.rank] = 1.0
         comm.all_reduce(missing)
         if missing.any():
@@ -742,7 +765,8 @@ class PipelineEngine(DeepSpeedEngine):
             raise PipelineError(
                 f"rank(s) {ranks} (first or last pipeline stage) have no data iterator: pass "
                 "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
-                "and last stages, or training_data= to deepspeed.initialize"
+                "and last stages, or training_data= to deepspeed.initialize (or a batch_fn, "
+                "set_batch_fn, which then gets None there to fill, as upstream's does)"
             )
 
 

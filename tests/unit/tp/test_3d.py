@@ -36,6 +36,8 @@ def test_tp2_pp2_dp2_matches_one_process() -> None:
         )
         assert any(n.endswith("up.weight") for n in r["sliced"]), r["sliced"]
         assert r["split"] and all(r["split"]), r["split"]
+        stage = r["coords"][0]
+        assert r["upstream_attrs"] == (stage, True, True, True, stage - 1, stage + 1, pr.MICRO)
         for name, w in r["weights"].items():
             torch.testing.assert_close(w, ref_weights[_ref_name(name)], rtol=1e-5, atol=1e-5)
             seen.add(_ref_name(name))

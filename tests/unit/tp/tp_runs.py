@@ -371,13 +371,37 @@ def _pipeline_3d_engine(gas: int, zero: int, dp: int, pipeline: dict | None = No
     return engine
 
 
-def _train_3d(engine: Any, steps: int, gas: int, aux: list[float] | None = None) -> list[float]:
+def _broadcast_batch(engine: Any) -> Any:
+    """Megatron-DeepSpeed's data path: only tensor rank 0 of a data stage reads; the batch
+    function (upstream's set_batch_fn) gets None on the others and broadcasts to them."""
+    from deepspeed_ext import comm
+    from tests.unit.runtime.pipe import pipe_runs as pr
+
+    dev = comm.collective_device(engine.layout.tensor)
+
+    def fn(batch: Any) -> Any:
+        if batch is None:
+            batch = [torch.empty(pr.MICRO, pr.SEQ, dtype=torch.long) for _ in range(2)]
+        batch = tuple(t.to(dev).contiguous() for t in batch)  # as Megatron's .cuda()
+        for t in batch:
+            comm.group_broadcast(t, engine.layout.tensor, 0)
+        return batch
+
+    return fn
+
+
+def _train_3d(
+    engine: Any, steps: int, gas: int, aux: list[float] | None = None, megatron: bool = False
+) -> list[float]:
     from tests.unit.runtime.pipe import pipe_runs as pr
 
     dp_rank = engine.grid.get_data_parallel_id()
+    reads = engine._needs_data() and not (megatron and engine.layout.tensor.rank > 0)
+    if megatron:
+        engine.set_batch_fn(_broadcast_batch(engine))
     losses = []
     for step in range(steps):
-        it = iter(pr.batches(step, dp_rank, gas)) if engine._needs_data() else None
+        it = iter(pr.batches(step, dp_rank, gas)) if reads else None
         losses.append(float(engine.train_batch(it)))
         if aux is not None:
             aux.append(float(engine.agg_additional_losses["logits_sq"]))
@@ -386,11 +410,12 @@ def _train_3d(engine: Any, steps: int, gas: int, aux: list[float] | None = None)
 
 def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
     """TP 2 x PP 2 x DP 2, upstream's defaults (activations and gradients partitioned over
-    the tensor ranks between stages): this rank's losses, its stage's weights made whole
+    the tensor ranks between stages), data read as Megatron-DeepSpeed does (tensor rank 0,
+    broadcast by the batch function): this rank's losses, its stage's weights made whole
     over the tensor group, and whether its channels were split."""
     engine = _pipeline_3d_engine(gas, zero, dp=2)
     aux: list[float] = []
-    losses = _train_3d(engine, steps, gas, aux)
+    losses = _train_3d(engine, steps, gas, aux, megatron=True)
     channels = [*engine._act_in.values(), *engine._act_out.values()]
     channels += [*engine._grad_in.values(), *engine._grad_out.values()]
     return {
@@ -401,6 +426,15 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
             n for n, p in engine.module.named_parameters() if hasattr(p, "ds_tensor_slice")
         ),
         "coords": (engine.stage_id, engine.layout.data.rank, engine.layout.tensor.rank),
+        "upstream_attrs": (
+            engine.get_pipeline_parallel_rank(),
+            engine.is_model_parallel,
+            engine.is_pipe_partitioned,
+            engine.is_grad_partitioned,
+            engine.prev_stage,
+            engine.next_stage,
+            engine.micro_batch_size,
+        ),
         "split": [ch.split is not None for ch in channels],
     }
 

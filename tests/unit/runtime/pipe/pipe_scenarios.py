@@ -193,13 +193,15 @@ def dynamic_shapes() -> dict[str, Any]:
 
 
 def reset_shapes() -> dict[str, Any]:
-    """Static shapes, with upstream's reset_activation_shape() before each later batch:
-    step 1 shorter, step 2 back to full length."""
+    """Static shapes, with upstream's reset_activation_shape() before step 1 (shorter) and
+    GPT-NeoX's way, `engine.first_output_send = True`, before step 2 (full length)."""
     engine = _engine(_module())
     losses = []
     for step in range(3):
-        if step:
+        if step == 1:
             engine.reset_activation_shape()
+        if step == 2:
+            engine.first_output_send = True
         it = iter(_ragged(step, 2)) if engine._needs_data() else None
         losses.append(float(engine.train_batch(it)))
     return {"losses": losses}
