@@ -184,6 +184,14 @@ def rank_times_from_config(cfg: Any, rank: int, blocked: Any = None) -> RankTime
     return RankTimes(_dir(s, "deepspeed") / "ranks" / f"rank{rank}.jsonl", rank, blocked)
 
 
+_MONITORS = ("jsonl_monitor", "csv_monitor", "tensorboard", "wandb", "comet")
+
+
+def monitors_enabled(cfg: Any) -> bool:
+    """Whether any monitor section is on (the same answer on every rank)."""
+    return any(_on(cfg, name) is not None for name in _MONITORS)
+
+
 def writers_from_config(cfg: Any) -> list[Writer]:
     """Writers for the enabled monitor sections (rank 0 only; the caller decides)."""
     out: list[Writer] = []

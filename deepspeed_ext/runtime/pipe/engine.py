@@ -21,6 +21,7 @@ import torch
 
 from deepspeed_ext import comm
 from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel
+from deepspeed_ext.monitor.writers import monitors_enabled
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.norms import sum_of_squares
 
@@ -327,8 +328,12 @@ class PipelineEngine(DeepSpeedEngine):
             if self.is_last_stage():
                 outs = self._losses
                 out = outs if reduce_output is None else self._mean_over_data(outs, m)
-            if compute_loss and bcast_loss and reduce_output is not None:
+            # the monitors (rank 0, the first stage) get it as upstream's eval_loss event
+            monitored = monitors_enabled(self.config)
+            if compute_loss and reduce_output is not None and (bcast_loss or monitored):
                 out = self._from_last_stage(out)
+                for w in self.metrics.writers:
+                    w.write(self.global_steps, self.global_samples, {"eval_loss": float(out)})
         finally:
             self.data_iterator = saved
             self._prefetched.clear()

@@ -6,6 +6,7 @@ broken pipeline must raise on every rank instead of hanging. Error scenarios run
 from __future__ import annotations
 
 import traceback
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -85,10 +86,24 @@ def fp16(power: int = 8, **extra: Any) -> dict[str, Any]:
 
 
 def timed() -> dict[str, Any]:
-    """wall_clock_breakdown: each stage's window times, by upstream's timer names."""
-    engine = _engine(_module(aux=True), wall_clock_breakdown=True, steps_per_print=2)
+    """wall_clock_breakdown: each stage's window times, by upstream's timer names; then an
+    eval batch, whose loss the jsonl monitor (rank 0) gets as upstream's eval_loss event."""
+    import json
+    import tempfile
+
+    out = tempfile.mkdtemp(prefix="pipe_monitor_")
+    monitor = {"enabled": True, "output_path": out, "job_name": "run"}
+    engine = _engine(
+        _module(aux=True), wall_clock_breakdown=True, steps_per_print=2, jsonl_monitor=monitor
+    )
     losses = _train(engine, 2)
-    return {"losses": losses, "window": dict(engine.metrics.last)}
+    window = dict(engine.metrics.last)
+    data = pr.batches(99, 0, 3)
+    loss = engine.eval_batch(iter(data) if engine._needs_data() else None, bcast_loss=False)
+    engine.destroy()
+    path = Path(out) / "run" / "metrics.jsonl"
+    rows = [json.loads(ln) for ln in path.read_text().splitlines()] if path.exists() else []
+    return {"losses": losses, "window": window, "eval": float(loss), "rows": rows}
 
 
 def _reentrant(function: Any, *args: Any) -> Any:

@@ -83,6 +83,21 @@ def test_wall_clock_breakdown_times_the_pipeline_instructions(runs: list[dict]) 
         close(r["timed"]["losses"], ref["losses"])
 
 
+def test_eval_loss_reaches_the_monitors(runs: list[dict]) -> None:
+    """Upstream's Train/Samples/eval_loss event, written by rank 0 (the first stage) even
+    with bcast_loss=False: the loss comes from the last stage for it."""
+    model = pr.reference(2, 2, 1)["model"].eval()
+    with torch.no_grad():
+        per_mb = [float(pr.lm_loss(model(ids), labels)) for ids, labels in pr.batches(99, 0, 2)]
+    rows = runs[0]["timed"]["rows"]
+    assert [r["step"] for r in rows if "loss" in r] == [2]
+    evals = [r for r in rows if "eval_loss" in r]
+    assert len(evals) == 1 and evals[0]["step"] == 2, rows
+    close([evals[0]["eval_loss"]], [sum(per_mb) / 2])
+    close([runs[0]["timed"]["eval"]], [sum(per_mb) / 2])
+    assert runs[1]["timed"]["rows"] == []  # only rank 0 writes
+
+
 def test_additional_losses_reach_the_metrics_on_every_stage(runs: list[dict]) -> None:
     """get_additional_losses, returned on the last stage only: the window's mean of the
     batch means (steps 1 and 2 of the reference), on both stages' metrics."""
