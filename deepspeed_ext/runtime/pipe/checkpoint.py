@@ -12,6 +12,15 @@ re-cut as usual). At another stage count each stage assembles its module from th
 files of the layers it now owns and its optimizer state by parameter name from every saved
 stage's files ([Note: named optimizer state]); layer names are global, so they do not depend
 on the partition.
+
+[Note: upstream pipeline checkpoints] A checkpoint written by upstream's PipelineEngine has
+the same layer files (but none for a tied layer used through forward_fn: its key's other
+use holds the weights) and per-stage files without the `pipeline` entry or any partition.
+It loads here: the module from the layer files at any number of stages; the counters from
+the stage files; the optimizer state (stage 0: a torch state dict per stage, by position)
+only at the saved number of stages and only if this stage's parameters, in upstream's order
+(tied modules first, then the layers), have the saved shapes, else an error that names
+load_optimizer_states=False. ZeRO-partitioned optimizer state of upstream is refused alike.
 """
 
 from __future__ import annotations
@@ -78,26 +87,39 @@ def extras(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> dict[str,
 
 
 def module_from_layers(module: PipelineModule, ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    """This stage's module state, from the layer files of the layers it owns now."""
+    """This stage's module state, from the layer files of the layers it owns now (a tied
+    layer without a file of its own, as upstream writes a forward_fn use: its key's)."""
     out: dict[str, torch.Tensor] = {}
     for idx, _, prefix in local_layers(module):
-        sd = load_state_file(ckpt_dir / layer_file(module, idx))
+        f = ckpt_dir / layer_file(module, idx)
+        spec = module._layer_specs[idx]
+        if not f.exists() and isinstance(spec, TiedLayerSpec):
+            f = ckpt_dir / layer_file(module, _tied_file_index(ckpt_dir, module, spec.key))
+        sd = load_state_file(f)
         out.update({prefix + k: v for k, v in sd.items()})
     return out
 
 
+def _written_upstream(first: dict[str, Any], ckpt_dir: Path) -> bool:
+    """Upstream's PipelineEngine wrote it ([Note: upstream pipeline checkpoints])."""
+    return first.get("module", 0) is None and any(ckpt_dir.glob("layer_*-model_states.pt"))
+
+
 def state_for_load(engine: PipelineEngine, ckpt_dir: Path, path: Path) -> dict[str, Any]:
     first = load_state_file(ckpt_dir / model_states_name(0))
-    if "pipeline" not in first:
+    engine._ckpt_upstream = "pipeline" not in first and _written_upstream(first, ckpt_dir)
+    if "pipeline" in first:
+        saved = first["pipeline"]
+        stages = (int(saved["num_stages"]), int(saved.get("virtual_stages", 1)))
+    elif engine._ckpt_upstream:
+        dims = first.get("checkpoint_parallel_dimensions") or {}
+        stages = (int(dims.get("pp_degree", first.get("mp_world_size", 1))), 1)
+    else:
         raise CheckpointError(
             f"{ckpt_dir} was not written by a pipeline engine (no per-layer files): load it "
             "into the model it was saved from, or consolidate it with zero_to_fp32"
         )
-    saved = first["pipeline"]
-    same = (int(saved["num_stages"]), int(saved.get("virtual_stages", 1))) == (
-        engine.num_stages,
-        _module(engine).virtual_stages,
-    )
+    same = stages == (engine.num_stages, _module(engine).virtual_stages)
     state = load_state_file(path) if same else dict(first)
     state["module"] = module_from_layers(_module(engine), ckpt_dir)
     engine._ckpt_same_layout = same
@@ -105,6 +127,9 @@ def state_for_load(engine: PipelineEngine, ckpt_dir: Path, path: Path) -> dict[s
 
 
 def load_optimizer(engine: PipelineEngine, state: dict[str, Any], files: Any) -> None:
+    if engine._ckpt_upstream:
+        _load_upstream_optimizer(engine, state, Path(files.where))
+        return
     if engine._ckpt_same_layout:
         engine.strategy.load_optimizer_state(engine.optimizer, state, files)
         return
@@ -125,6 +150,35 @@ def load_optimizer(engine: PipelineEngine, state: dict[str, Any], files: Any) ->
         else:
             named.update(from_zero(RankFileReader(ckpt_dir, k)))
     engine.strategy.load_named_state(engine.optimizer, named, ckpt_dir)
+
+
+def _load_upstream_optimizer(engine: PipelineEngine, state: dict[str, Any], where: Path) -> None:
+    """Upstream's stage-0 optimizer state of this stage, by position, where it provably
+    belongs to these parameters ([Note: upstream pipeline checkpoints])."""
+    saved = state.get("optimizer")
+
+    def refuse(why: str) -> CheckpointError:
+        return CheckpointError(
+            f"{where} was written by upstream DeepSpeed's pipeline engine and its optimizer "
+            f"state cannot be placed here: {why}. Load it with load_optimizer_states=False "
+            "(the weights and counters load; the optimizer starts afresh)"
+        )
+
+    if engine.zero_optimization_stage() != 0 or not isinstance(saved, dict):
+        raise refuse("it is ZeRO-partitioned (or absent), or this run uses ZeRO")
+    if not engine._ckpt_same_layout:
+        raise refuse(f"it was saved at another number of stages than {engine.num_stages}")
+    module = _module(engine)
+    ours = [p for p in module.parameters() if p.requires_grad]  # upstream's order: tied first
+    shapes = [tuple(saved["state"][i]["exp_avg"].shape) for i in sorted(saved["state"])]
+    groups = engine.optimizer.param_groups
+    if len(groups) != len(saved["param_groups"]) or [tuple(p.shape) for p in ours] != shapes:
+        raise refuse(
+            "this stage's parameters do not have the saved shapes in upstream's order (another "
+            "partition of the layers, or another optimizer)"
+        )
+    engine.optimizer.load_state_dict(saved)
+    engine.strategy.sync_masters_from_model()
 
 
 def _saved_stage_weights(

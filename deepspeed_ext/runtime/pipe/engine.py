@@ -120,6 +120,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._return_logits = False
         self.outputs: Any = None
         self._ckpt_same_layout = True  # set by each load_checkpoint
+        self._ckpt_upstream = False  # ... and whether upstream's engine wrote it
         self._iterators_checked = False
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
         self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
