@@ -1,8 +1,9 @@
 """Writes this directory's checkpoint with upstream DeepSpeed (0.19.8, CPU, gloo): a 2-stage
 PipelineModule (tests/unit/runtime/pipe/upstream_model.py) trained 2 steps with stage-0
-AdamW and no clipping, saved as tag step2, then trained 2 more steps; upstream_losses.json holds all 4 step
-losses, the reference a resume from step2 must reproduce. Run it with upstream's python from
-outside the repository (the repository's own `deepspeed` face must not shadow upstream's):
+AdamW and no clipping, saved as tag step2, then trained 2 more steps; upstream_losses.json
+holds all 4 step losses, the reference a resume from step2 must reproduce. Run it with
+upstream's python from outside the repository (the repository's own `deepspeed` face must
+not shadow upstream's):
 
     cd /tmp && OMP_NUM_THREADS=1 <upstream-venv>/bin/torchrun --nproc_per_node 2 \
         <repo>/tests/data/upstream_pipe_ckpt/make.py
