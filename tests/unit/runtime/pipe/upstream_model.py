@@ -1,7 +1,9 @@
 """The model, data and loss of tests/data/upstream_pipe_ckpt (a checkpoint written by
 upstream DeepSpeed's PipelineEngine): imported by the test here and, by file path, by the
 script that wrote it under upstream's own install (make.py there). Layer classes are given
-the spec classes so that each side builds them with its own LayerSpec / TiedLayerSpec."""
+the spec classes so that each side builds them with its own LayerSpec / TiedLayerSpec. It
+repeats pipe_runs.py's tiny GPT on purpose: the committed checkpoint fixes this model, which
+must not change when the shared test model does."""
 
 from __future__ import annotations
 
