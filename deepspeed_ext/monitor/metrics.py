@@ -16,10 +16,25 @@ from .writers import Writer
 
 
 class StepMetrics:
-    # the line's own values; add_values() must not take these names
+    # the line's own values and the writers' columns; add_values() must not take these
+    # names, nor a unit suffix of the timings (nor their upstream tags)
     RESERVED = frozenset(
-        ["loss", "lr", "loss_scale", "grad_norm", "samples_per_s", "tokens_per_s", "peak_mem_gib"]
+        ["loss", "lr", "loss_scale", "grad_norm", "samples_per_s", "tokens_per_s"]
+        + ["peak_mem_gib", "step", "samples", "train_loss"]
     )
+    _UNITS = ("_ms", "_mb", "_x", "_n")
+
+    @classmethod
+    def name_clash(cls, name: Any) -> str | None:
+        """Why add_values() cannot take `name`, or None."""
+        if not isinstance(name, str) or not name:
+            return f"the name {name!r} is not a non-empty string"
+        if name in cls.RESERVED or name.endswith(cls._UNITS) or name.startswith("elapsed_time"):
+            return (
+                f"the name {name!r} is one of the metrics line's own ({sorted(cls.RESERVED)}, "
+                f"or ends in one of {list(cls._UNITS)}, or starts with elapsed_time)"
+            )
+        return None
 
     def __init__(
         self,

@@ -13,6 +13,7 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 from __future__ import annotations
 
 import hashlib
+import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -58,10 +59,13 @@ _TIMED: dict[type[sch.PipeInstruction], str] = {
 # (total_additional_losses); at the optimizer step they are averaged over the micro-batches
 # and the data-parallel ranks (in the loss's all-reduce) and reach every stage of the
 # pipeline as agg_additional_losses, scalar ones also on the metrics line and the monitors.
-# Their count and a key of their names and shapes ride on the norm's all-reduce, so only the
-# last stage needs to return them (upstream needs every stage to return the same names);
-# the values follow in one more all-reduce when there are any, and the names in a gather
-# when they change. Every data-parallel rank of the last stage must return the same names.
+# Their count and a key of their names and shapes (sorted by name) ride on the norm's
+# all-reduce, so only the last stage needs to return them (upstream needs every stage to
+# return the same names); the values follow in one more all-reduce when there are any, and
+# the names in a gather when they change. The last stage's data-parallel ranks check, in the
+# loss's all-reduce, that they all returned the same names and shapes before they sum the
+# values (a sum of vectors of different lengths would hang or mix them); if not, every rank
+# raises, naming them.
 AdditionalMeta = tuple[tuple[str, tuple[int, ...]], ...]
 
 
@@ -538,13 +542,15 @@ class PipelineEngine(DeepSpeedEngine):
         if total is None:
             total = self.total_additional_losses = OrderedDict()
         for name, value in got.items():
-            if not isinstance(name, str) or name in self.metrics.RESERVED:
-                raise ValueError(
-                    f"PipelineModule.get_additional_losses(): the name {name!r} is not a "
-                    f"string, or is one of the metrics line's own ({sorted(self.metrics.RESERVED)})"
-                    ": rename it"
-                )
+            why = self.metrics.name_clash(name)
+            if why is not None:
+                raise ValueError(f"PipelineModule.get_additional_losses(): {why}: rename it")
             t = torch.as_tensor(value).detach().float()
+            if name in total and total[name].shape != t.shape:
+                raise ValueError(
+                    f"PipelineModule.get_additional_losses(): {name!r} changed shape within a "
+                    f"batch ({list(total[name].shape)} then {list(t.shape)})"
+                )
             total[name] = total[name] + t if name in total else t.clone()
 
     def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
@@ -667,21 +673,28 @@ class PipelineEngine(DeepSpeedEngine):
         # the batch loss rides on the norm's pipe-group sum: the last stage adds it, the
         # others 0, so every stage learns it without a broadcast of its own; so do the
         # additional losses' count and key ([Note: additional losses])
-        ride = torch.zeros(3, dtype=torch.float64, device=self._comm_device)
+        ride = torch.zeros(4, dtype=torch.float64, device=self._comm_device)
         extra: torch.Tensor | None = None
         meta: AdditionalMeta = ()
         # the sum runs over the tensor slices too: one of them counts the loss
         counts = self._norm_axis is self.layout.pipe or self.layout.tensor.rank == 0
-        if self.is_last_stage() and counts:
-            loss, extra, meta = self._batch_means()
-            ride[0], ride[1], ride[2] = loss, extra.numel(), _meta_key(meta)
-        elif self.is_last_stage():
-            self._batch_means()  # the data-parallel all-reduce: every rank joins
+        if self.is_last_stage():  # every rank joins the data-parallel all-reduces
+            loss, values, meta, agreed = self._batch_means()
+            if counts:
+                ride[0], extra = loss, values
+                ride[1], ride[2] = values.numel(), _meta_key(meta)
+            ride[3] = 0.0 if agreed else 1.0
         with self.timers.phase("step"):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=ride)
-        total, n, key = out.pipe_sums
+        total, n, key, disagreed = out.pipe_sums
         self.total_loss = torch.tensor(total, dtype=torch.float32)
         self.metrics.add_loss(self.total_loss)
+        if disagreed:
+            raise ValueError(
+                "PipelineModule.get_additional_losses(): the last stage's data-parallel ranks "
+                "returned different names or shapes this batch; return the same dict keys "
+                "(and shapes) on every rank, every micro-batch that returns any"
+            )
         self._share_additional_losses(int(n), key, extra, meta)
         self.timers.since(TRAIN_BATCH_TIMER, self._batch_t0)  # before the window below closes
         if self.slow_nodes is not None:
@@ -700,23 +713,35 @@ class PipelineEngine(DeepSpeedEngine):
         return comm.collective_device(self.layout.pipe)
 
     # -- losses --
-    def _batch_means(self) -> tuple[torch.Tensor, torch.Tensor, AdditionalMeta]:
-        """The last stage's batch loss and additional losses, each the mean over the
-        micro-batches and the data-parallel ranks (one all-reduce): loss, flat rest, meta."""
-        extra = self.total_additional_losses or OrderedDict()
-        meta = tuple((name, tuple(t.shape)) for name, t in extra.items())
-        loss = torch.stack([v.float() for v in self._losses]).sum().reshape(1)
-        parts = [loss, *(t.reshape(-1).to(loss.device) for t in extra.values())]
-        vec = torch.cat(parts) / self.micro_batches
-        comm.all_reduce(vec, group=self.layout.data)
-        vec /= self.dp_world_size
-        return vec[0], vec[1:], meta
+    def _batch_means(self) -> tuple[torch.Tensor, torch.Tensor, AdditionalMeta, bool]:
+        """The last stage's batch loss and additional losses (by name), each the mean over
+        the micro-batches and the data-parallel ranks: loss, the rest flat, their meta, and
+        whether the data-parallel ranks agree on the meta. The loss's all-reduce carries the
+        check (sums of the count and a key, and of their squares: all equal iff
+        dp * sum(x^2) == sum(x)^2); the values follow only when there are any, agreed."""
+        extra = sorted((self.total_additional_losses or {}).items())
+        meta = tuple((name, tuple(t.shape)) for name, t in extra)
+        m, dp = self.micro_batches, self.dp_world_size
+        loss = torch.stack([v.float() for v in self._losses]).sum() / m
+        n, key = float(sum(t.numel() for _, t in extra)), _meta_key(meta, bits=20)
+        head = torch.tensor([0.0, n, key, n * n, key * key], dtype=torch.float64)
+        head = head.to(self._comm_device)
+        head[0] = loss
+        comm.all_reduce(head, group=self.layout.data)
+        total, sn, sk, sn2, sk2 = head.tolist()
+        agreed = dp * sn2 == sn * sn and dp * sk2 == sk * sk
+        flat = torch.zeros(0, device=self._comm_device)
+        if agreed and n > 0:
+            flat = torch.cat([t.reshape(-1) for _, t in extra]).to(self._comm_device) / m
+            comm.all_reduce(flat, group=self.layout.data)
+            flat /= dp
+        return torch.tensor(total / dp), flat, meta, agreed
 
     def _share_additional_losses(
         self, n: int, key: float, flat: torch.Tensor | None, meta: AdditionalMeta
     ) -> None:
         """Every stage gets the last stage's additional losses ([Note: additional losses])."""
-        if n == 0:
+        if key == 0:  # no names this batch
             self.agg_additional_losses = None
             return
         if key != self._additional_meta[0]:  # new names or shapes: learn them
@@ -725,17 +750,19 @@ class PipelineEngine(DeepSpeedEngine):
         values = torch.zeros(n, dtype=torch.float32, device=self._comm_device)
         if flat is not None:
             values.copy_(flat)
-        comm.all_reduce(values, group=self._norm_axis)  # one rank holds them, the rest 0
+        if n:
+            comm.all_reduce(values, group=self._norm_axis)  # one rank holds them, the rest 0
         out: OrderedDict[str, torch.Tensor] = OrderedDict()
         at = 0
         for name, shape in self._additional_meta[1]:
-            size = 1
-            for d in shape:
-                size *= d
+            size = math.prod(shape)
             out[name] = values[at : at + size].reshape(shape).clone()
             at += size
         self.agg_additional_losses = out
-        self.metrics.add_values({k: float(v) for k, v in out.items() if v.numel() == 1})
+        scalars = [k for k, v in out.items() if v.numel() == 1]
+        if scalars:  # one host read for all of them
+            host = torch.stack([out[k].reshape(()) for k in scalars]).tolist()
+            self.metrics.add_values(dict(zip(scalars, host)))
 
     def _mean_over_data(self, values: list[Any], m: int) -> Any:
         if not values:
@@ -776,12 +803,13 @@ class PipelineEngine(DeepSpeedEngine):
             )
 
 
-def _meta_key(meta: AdditionalMeta) -> float:
-    """Names and shapes as a number a float64 sum carries exactly (< 2**48, not 0)."""
+def _meta_key(meta: AdditionalMeta, bits: int = 48) -> float:
+    """Names and shapes as a number a float64 sum carries exactly (< 2**bits, not 0; 20
+    bits where its square is summed too)."""
     if not meta:
         return 0.0
-    digest = hashlib.blake2b(repr(meta).encode(), digest_size=6).digest()
-    return float(int.from_bytes(digest, "big") or 1)
+    digest = hashlib.blake2b(repr(meta).encode(), digest_size=8).digest()
+    return float((int.from_bytes(digest, "big") >> (64 - bits)) or 1)
 
 
 __all__ = ["PipeAborted", "PipelineEngine", "PipelineError"]

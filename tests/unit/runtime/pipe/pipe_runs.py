@@ -217,3 +217,66 @@ def pipeline_cases(cases: list[tuple[Any, ...]], steps: int, gas: int) -> list[d
         chunks, schedule = (1, extra) if isinstance(extra, str) else (extra, None)
         out.append(pipeline_run(c[0], c[1], c[2], steps, gas, chunks=chunks, schedule=schedule))
     return out
+
+
+# -- additional losses over a changing schedule (2 stages x 2 data-parallel ranks) --
+def planned_losses(step: int, dp: int, mb: int) -> dict[str, torch.Tensor] | None:
+    """What the last stage's get_additional_losses returns, by step, data rank and
+    micro-batch: none; a scalar and a vector; a name in one micro-batch only; none; the
+    first names again; names in another order on data rank 1; names on data rank 0 only."""
+
+    def v(off: float = 0.0) -> float:
+        return float(100 * step + 10 * dp + mb + off)
+
+    if step in (1, 4):
+        return {"a": torch.tensor(v()), "vec": torch.tensor([v(k) for k in range(3)])}
+    if step == 2:
+        return {"b": torch.tensor(v())} if mb == 1 else None
+    if step == 5:
+        a, b = torch.tensor(1.0 + dp), torch.tensor(10.0 * (dp + 1))
+        return {"a": a, "b": b} if dp == 0 else {"b": b, "a": a}
+    if step == 6:
+        return {"a": torch.tensor(5.0)} if dp == 0 else None
+    return None
+
+
+def additional_losses_schedule() -> dict[str, Any]:
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    class Planned(PipelineModule):
+        step, dp, mb = 0, 0, 0
+
+        def forward(self, forward_input: Any, chunk: int = 0) -> Any:
+            self.mb += 1
+            return super().forward(forward_input, chunk)
+
+        def get_additional_losses(self) -> Any:
+            return planned_losses(self.step, self.dp, self.mb - 1)
+
+    module = Planned(
+        specs(), num_stages=2, loss_fn=lm_loss, seed_layers=True, partition_method="uniform"
+    )
+    cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 2}
+    engine, *_ = initialize(
+        model=module, config=cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=LR)
+    )
+    module.dp = engine.grid.get_data_parallel_id()
+    out: dict[str, Any] = {"agg": []}
+    for step in range(7):
+        module.step, module.mb = step, 0
+        it = iter(batches(step, module.dp, 2)) if engine._needs_data() else None
+        try:
+            engine.train_batch(it)
+        except ValueError as e:
+            out["error"] = (step, str(e))
+            break
+        agg = engine.agg_additional_losses
+        out["agg"].append(None if agg is None else {k: v.tolist() for k, v in agg.items()})
+        if step == 1:  # an eval batch collects nothing
+            module.step, module.mb = 4, 0
+            it = iter(batches(50, module.dp, 2)) if engine._needs_data() else None
+            before = engine.total_additional_losses
+            engine.eval_batch(it)
+            out["eval_left_totals"] = engine.total_additional_losses is before
+    return out

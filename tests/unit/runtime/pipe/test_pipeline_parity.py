@@ -5,6 +5,8 @@ embedding to the output head across the first and last stages."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -85,3 +87,24 @@ def test_tied_copies_stay_equal(runs: list[list[dict]]) -> None:
         ]
         for c in copies[1:]:
             torch.testing.assert_close(c, copies[0], rtol=0, atol=0)
+
+
+def test_additional_losses_over_a_changing_schedule() -> None:
+    """2 stages x 2 data ranks, get_additional_losses on the last stage as planned_losses
+    returns them: each step's values on every rank are the mean over the micro-batches (a
+    name missing from one counts 0, as upstream) and the data ranks, by name whatever order
+    the ranks return them in; names on one data rank only raise on every rank."""
+
+    def expected(step: int) -> dict[str, Any] | None:
+        sums: dict[str, torch.Tensor] = {}
+        for dp in (0, 1):
+            for mb in (0, 1):
+                for k, v in (pr.planned_losses(step, dp, mb) or {}).items():
+                    sums[k] = sums.get(k, torch.zeros_like(v)) + v / 4
+        return {k: sums[k].tolist() for k in sorted(sums)} or None
+
+    for r in run_ranks(pr.additional_losses_schedule, 4, timeout=300):
+        assert r["eval_left_totals"]
+        assert r["agg"] == [expected(s) for s in range(6)], r["agg"]
+        step, message = r["error"]
+        assert step == 6 and "data-parallel ranks returned different names" in message
