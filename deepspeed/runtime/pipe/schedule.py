@@ -3,6 +3,7 @@
 from deepspeed_ext.runtime.pipe.schedule import (
     BackwardPass,
     BufferOpInstruction,
+    DataParallelSchedule,
     ForwardPass,
     InferenceSchedule,
     LoadMicroBatch,
@@ -21,6 +22,7 @@ from deepspeed_ext.runtime.pipe.schedule import (
 __all__ = [
     "BackwardPass",
     "BufferOpInstruction",
+    "DataParallelSchedule",
     "ForwardPass",
     "InferenceSchedule",
     "LoadMicroBatch",

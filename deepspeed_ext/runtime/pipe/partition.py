@@ -22,7 +22,11 @@ from .spec import LayerSpec
 
 def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     """Contiguous, non-empty parts minimizing the heaviest part (dynamic programming: layer
-    counts are small)."""
+    counts are small). Upstream's minimizes the heaviest less the lightest instead, and on
+    ties gives earlier stages the extra layers; here the slowest stage, which paces the
+    pipeline, is as light as it can be, and ties give the extra layers to later stages,
+    which hold fewer micro-batches' activations under 1F1B. So "parameters" and "type:"
+    partitions can differ from upstream's (uniform ones do not)."""
     n = len(weights)
     prefix = [0.0]
     for w in weights:

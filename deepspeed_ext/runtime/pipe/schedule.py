@@ -103,6 +103,19 @@ class PipeSchedule:
         self.prev_stage = stage_id - 1
         self.next_stage = stage_id + 1
 
+    # upstream's read-only names for the same
+    @property
+    def stage(self) -> int:
+        return self.stage_id
+
+    @property
+    def num_stages(self) -> int:
+        return self.stages
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.micro_batches
+
     @property
     def is_first_stage(self) -> bool:
         return self.stage_id == 0
@@ -221,6 +234,21 @@ class ZeroBubbleH1Schedule(TrainSchedule):
             else:
                 yield [BackwardWeightPass(mb % n)]
         yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]
+
+
+class DataParallelSchedule(PipeSchedule):
+    """Upstream's schedule for one stage (plain data parallelism): each micro-batch loaded,
+    run forward and backward; then the gradients reduced and the optimizer stepped."""
+
+    def num_pipe_buffers(self) -> int:
+        return 1
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        if self.stages != 1:
+            raise ValueError(f"DataParallelSchedule runs one stage, not {self.stages}")
+        for _ in range(self.micro_batches):
+            yield [LoadMicroBatch(0), ForwardPass(0), BackwardPass(0)]
+        yield [ReduceGrads(), OptimizerStep()]
 
 
 class InferenceSchedule(PipeSchedule):

@@ -221,3 +221,16 @@ def test_interleaved_inference(p: int, m: int) -> None:
 def test_interleaved_needs_whole_groups() -> None:
     with pytest.raises(ValueError, match="not a multiple of 4; use 8"):
         sch.InterleavedTrainSchedule(6, 4, 0, 2)
+
+
+def test_upstreams_schedule_names() -> None:
+    """Upstream's read-only properties, and its one-stage DataParallelSchedule."""
+    from deepspeed.runtime.pipe.schedule import DataParallelSchedule
+
+    s = sch.TrainSchedule(micro_batches=4, stages=3, stage_id=1)
+    assert (s.stage, s.num_stages, s.num_micro_batches) == (1, 3, 4)
+    steps = list(DataParallelSchedule(micro_batches=2, stages=1, stage_id=0))
+    mb = [sch.LoadMicroBatch(0), sch.ForwardPass(0), sch.BackwardPass(0)]
+    assert steps == [mb, mb, [sch.ReduceGrads(), sch.OptimizerStep()]]
+    with pytest.raises(ValueError, match="one stage"):
+        list(DataParallelSchedule(micro_batches=2, stages=2, stage_id=0))
