@@ -185,13 +185,14 @@ class PipelineModule(torch.nn.Module):
         """This rank's layers (of model chunk `chunk` when interleaved)."""
         self.micro_offset += 1
         funcs = self.chunk_funcs[chunk]
+        first = self.chunk_ranges[chunk][0]  # the chunk's first global layer index
         every = self.activation_checkpoint_interval
         if every == 0 or not torch.is_grad_enabled():
-            return self._run(funcs, 0, len(funcs))(forward_input)
+            return self._run(funcs, 0, len(funcs), first)(forward_input)
         x = forward_input
         for start in range(0, len(funcs), every):
             end = min(start + every, len(funcs))
-            run = self._run(funcs, start, end)
+            run = self._run(funcs, start, end, first)
             if self._is_checkpointable(funcs[start:end]):
                 args = x if isinstance(x, tuple) else (x,)
                 x = self.activation_checkpoint_func(run, *args)
@@ -199,11 +200,20 @@ class PipelineModule(torch.nn.Module):
                 x = run(x)
         return x
 
-    @staticmethod
-    def _run(funcs: list[Callable[..., Any]], start: int, end: int) -> Callable[..., Any]:
+    def _run(
+        self, funcs: list[Callable[..., Any]], start: int, end: int, first: int
+    ) -> Callable[..., Any]:
+        """funcs[start:end] in turn. With seed_layers, as upstream: each layer's random state
+        (dropout) is seeded from the micro-batch's forward count and its global index, fixed
+        when the forward began, so a recompute (activation checkpointing) draws the same."""
+        offset = self.micro_offset + 1
+        seed = (self.seed_fn or _seed_everything) if self.seed_layers else None
+
         def run(*inputs: Any) -> Any:
             x = inputs[0] if len(inputs) == 1 else inputs
-            for f in funcs[start:end]:
+            for idx, f in enumerate(funcs[start:end], first + start):
+                if seed is not None:
+                    seed(self.base_seed * offset + idx)
                 x = f(x)
             return x
 

@@ -83,12 +83,30 @@ def checks() -> dict[str, Any]:
     out["mpu"] = error_text(
         lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
     )
+    out["seeded"] = _seeded_dropout()
     for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
         odd = _module()
         odd.get_additional_losses = lambda returned=returned: returned  # type: ignore[method-assign]
         engine, *_ = initialize(model=odd, config=_config(), optimizer=_adamw)
         out[name] = error_text(lambda engine=engine: engine.train_batch(iter(pr.batches(0, 0, 2))))
     return out
+
+
+def _seeded_dropout() -> list[bool]:
+    """seed_layers: layer i of the k-th forward draws from seed base_seed * (k + 1) + i."""
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    module = PipelineModule(
+        [torch.nn.Linear(4, 4), torch.nn.Dropout(0.5)], num_stages=1, seed_layers=True, base_seed=7
+    )
+    x = torch.ones(8, 4)
+    got = [module(x), module(x)]
+    lin = module.forward_funcs[0]
+    want = []
+    for k in (1, 2):
+        torch.manual_seed(7 * (k + 1) + 1)
+        want.append(torch.nn.functional.dropout(lin(x), 0.5, training=True))
+    return [torch.equal(g, w) for g, w in zip(got, want)] + [not torch.equal(*got)]
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +160,7 @@ def test_mpu_beside_a_pipeline_module_is_refused(res: dict[str, Any]) -> None:
 def test_additional_losses_of_the_wrong_kind_are_refused_by_name(res: dict[str, Any]) -> None:
     assert res["extra_list"].startswith("TypeError") and "returned a list" in res["extra_list"]
     assert res["extra_reserved"].startswith("ValueError") and "'lr'" in res["extra_reserved"]
+
+
+def test_seed_layers_seeds_each_layer_of_each_forward_as_upstream(res: dict[str, Any]) -> None:
+    assert res["seeded"] == [True, True, True]
