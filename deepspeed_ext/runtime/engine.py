@@ -148,9 +148,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self.strategy.attach_optimizer(self.optimizer)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
         self.training_dataloader = (
-            self.deepspeed_io(training_data, collate_fn=collate_fn)
-            if training_data is not None
-            else None
+            self._training_loader(training_data, collate_fn) if training_data is not None else None
         )
         self.flops_profile = StepProfile(
             config.flops_profiler, self.module, self, lambda: self.global_steps, self.rank == 0
@@ -273,6 +271,10 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         if sched is None or not sched.type or self.optimizer is None:
             return None
         return get_lr_scheduler(sched.type, self.optimizer, dict(sched.params or {}))
+
+    def _training_loader(self, dataset: Any, collate_fn: Any) -> Any:
+        """The loader for deepspeed.initialize(training_data=...)."""
+        return self.deepspeed_io(dataset, collate_fn=collate_fn)
 
     def deepspeed_io(
         self, dataset: Any, batch_size: int | None = None, collate_fn: Any = None

@@ -26,7 +26,7 @@ from deepspeed_ext.monitor.writers import monitors_enabled
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.norms import sum_of_squares
 
-from ..dataloader import RepeatingLoader
+from ..dataloader import DeepSpeedDataLoader, RepeatingLoader
 from ..engine import DeepSpeedEngine
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
@@ -194,6 +194,19 @@ class PipelineEngine(DeepSpeedEngine):
             if k in extra:
                 extra[k]["params"] = list(ps)  # the key's attribute order, on every stage
         return [g for g in out if g["params"]] + [extra[k] for k in sorted(extra)]
+
+    def _training_loader(self, dataset: Any, collate_fn: Any) -> Any:
+        """As upstream's pipeline engine reads training_data: in order (no shuffle), a shard
+        per data-parallel rank; the first and last stages read the same samples."""
+        return DeepSpeedDataLoader(
+            dataset,
+            self.train_micro_batch_size_per_gpu(),
+            self.dp_rank,
+            self.dp_world_size,
+            collate_fn,
+            shuffle=False,
+            drop_last=bool(self.config.dataloader_drop_last),
+        )
 
     def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:
         """The same on every stage: tied groups then get the same ZeRO layout everywhere."""

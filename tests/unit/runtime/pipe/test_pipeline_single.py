@@ -65,6 +65,11 @@ def checks() -> dict[str, Any]:
     )
     out["loader"] = loader is not None
     out["fed"] = [float(fed.train_batch()) for _ in range(3)]  # more than the loader holds
+    # upstream's pipeline reads training_data in order: the same as an iterator over it
+    ordered = [b for _ in range(3) for b in torch.utils.data.DataLoader(dataset, pr.MICRO)]
+    by_hand, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
+    it = iter(ordered)
+    out["fed_in_order"] = [float(by_hand.train_batch(it)) for _ in range(3)]
 
     bare, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
     out["no_iterator"] = error_text(bare.train_batch)
@@ -125,6 +130,7 @@ def test_one_stage_matches_the_reference(res: dict[str, Any]) -> None:
 def test_training_data_feeds_train_batch(res: dict[str, Any]) -> None:
     assert res["loader"]
     assert all(torch.isfinite(torch.tensor(res["fed"])))
+    assert res["fed"] == res["fed_in_order"]
 
 
 def test_eval_batch_refuses_zero_micro_batches(res: dict[str, Any]) -> None:
