@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from deepspeed_ext import comm
-from deepspeed_ext.comm import AxisGroup, PipelineParallelGrid, ProcessTopology
+from deepspeed_ext.comm import PipelineParallelGrid, ProcessTopology
 from deepspeed_ext.comm.topology import PipeDataParallelTopology
 
 from .partition import partition_layers
@@ -255,8 +255,12 @@ class PipelineModule(torch.nn.Module):
         grads on the params; the engine sums them where its strategy keeps them)."""
         self.tied.allreduce_param_grads()
 
-    def get_tied_weights_and_groups(self) -> list[tuple[torch.nn.Parameter, AxisGroup]]:
-        return [(p, g) for _, params, g in self.tied.entries() for p in params]
+    def get_tied_weights_and_groups(self) -> list[tuple[torch.nn.Parameter, Any]]:
+        """Upstream's: each tied weight and the torch process group of the stages holding
+        it, for code that sums their gradients itself. A key that one stage holds alone has
+        nothing to sum and is left out (its group of one would read as the whole world to
+        torch.distributed)."""
+        return [(p, g.group) for _, params, g in self.tied.entries() for p in params if g.size > 1]
 
     def get_additional_losses(self) -> Any:
         """Upstream's hook: override it to return {name: loss tensor} after each forward

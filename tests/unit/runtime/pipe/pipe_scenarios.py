@@ -295,8 +295,23 @@ def failed_batch_then_more() -> dict[str, Any]:
     return {"first": first, "then": then, "again": again}
 
 
+def tied_groups() -> dict[str, Any]:
+    """get_tied_weights_and_groups(): the embedding tied across both stages, with a torch
+    process group of the two that a gradient can be summed over."""
+    import torch.distributed as dist
+
+    engine = _engine(_module())
+    out = []
+    for p, group in engine.module.get_tied_weights_and_groups():
+        t = torch.ones(1)
+        dist.all_reduce(t, group=group)
+        out.append((list(p.shape), dist.get_world_size(group), float(t)))
+    return {"tied": out}
+
+
 SCENARIOS = {
     "eval": eval_after_training,
+    "tied_groups": tied_groups,
     "interleaved": interleaved,
     "checkpointed": checkpointed,
     "timed": timed,

@@ -42,6 +42,11 @@ def test_eval_batch_matches_the_trained_reference(runs: list[dict]) -> None:
     assert runs[1]["eval"]["logits"] == [pr.MICRO, pr.SEQ, pr.VOCAB]
 
 
+def test_tied_weights_come_with_a_torch_group_of_their_stages(runs: list[dict]) -> None:
+    for r in runs:
+        assert r["tied_groups"]["tied"] == [([pr.VOCAB, pr.DIM], 2, 2.0)]
+
+
 def test_interleaved_train_and_eval(runs: list[dict]) -> None:
     ref = pr.reference(2, 2, 1)
     model = ref["model"].eval()
