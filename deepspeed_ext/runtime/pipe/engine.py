@@ -700,7 +700,8 @@ class PipelineEngine(DeepSpeedEngine):
         with self.timers.phase("step"):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=ride)
         total, n, key, disagreed = out.pipe_sums
-        self.total_loss = torch.tensor(total, dtype=torch.float32)
+        # on the device, as upstream's (code may all-reduce it over NCCL)
+        self.total_loss = torch.tensor(total, dtype=torch.float32, device=self.device)
         self.metrics.add_loss(self.total_loss)
         if disagreed:
             raise ValueError(

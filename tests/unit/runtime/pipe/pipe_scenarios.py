@@ -47,14 +47,19 @@ def _train(engine: Any, steps: int, gas: int = 2) -> list[float]:
 
 
 def eval_after_training() -> dict[str, Any]:
+    from deepspeed_ext.accelerator import strict
+
     engine = _engine(_module())
     losses = _train(engine, 2)
+    # the batch loss lives where the stage computes, as upstream's (NCCL can reduce it)
+    on_device = not strict.is_host(engine.agg_train_loss)
     data = pr.batches(99, 0, 3)
     it = iter(data) if engine._needs_data() else None
     loss, logits = engine.eval_batch(it, return_logits=True, num_micro_batches=3)
     again = engine.eval_batch(iter(data) if engine._needs_data() else None)  # gas=2 batches
     return {
         "losses": losses,
+        "on_device": on_device,
         "eval": float(loss),
         "eval2": float(again),
         "logits": None if logits is None else list(logits.shape),

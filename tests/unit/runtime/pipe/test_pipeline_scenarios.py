@@ -36,6 +36,7 @@ def test_eval_batch_matches_the_trained_reference(runs: list[dict]) -> None:
         per_mb = [float(pr.lm_loss(model(ids), labels)) for ids, labels in data]
     for r in runs:
         close(r["eval"]["losses"], ref["losses"])
+        assert r["eval"]["on_device"]
         close([r["eval"]["eval"]], [sum(per_mb) / 3])
         close([r["eval"]["eval2"]], [sum(per_mb[:2]) / 2])  # gas micro-batches by default
     assert runs[0]["eval"]["logits"] is None  # logits live on the last stage
