@@ -12,10 +12,8 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
-import hashlib
-import math
-from collections import OrderedDict, deque
-from collections.abc import Callable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,6 +28,7 @@ from ..dataloader import DeepSpeedDataLoader, RepeatingLoader
 from ..engine import DeepSpeedEngine
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
+from .additional_losses import AdditionalLosses, Meta, meta_key
 from .checks import check_pipeline_config, schedule_for
 from .module import PipelineModule
 from .split_backward import SplitPlan, plan_split
@@ -51,22 +50,6 @@ _TIMED: dict[type[sch.PipeInstruction], str] = {
     sch.RecvActivation: PIPE_RECV_INPUT_TIMER,
     sch.RecvGrad: PIPE_RECV_GRAD_TIMER,
 }
-
-
-# [Note: additional losses] A PipelineModule whose get_additional_losses() returns
-# {name: tensor} (upstream's hook: MoE auxiliary losses and the like, for reporting) has them
-# read after each training forward on the last stage and summed over the batch
-# (total_additional_losses); at the optimizer step they are averaged over the micro-batches
-# and the data-parallel ranks (in the loss's all-reduce) and reach every stage of the
-# pipeline as agg_additional_losses, scalar ones also on the metrics line and the monitors.
-# Their count and a key of their names and shapes (sorted by name) ride on the norm's
-# all-reduce, so only the last stage needs to return them (upstream needs every stage to
-# return the same names); the values follow in one more all-reduce when there are any, and
-# the names in a gather when they change. The last stage's data-parallel ranks check, in the
-# loss's all-reduce, that they all returned the same names and shapes before they sum the
-# values (a sum of vectors of different lengths would hang or mix them); if not, every rank
-# raises, naming them.
-AdditionalMeta = tuple[tuple[str, tuple[int, ...]], ...]
 
 
 class PipelineError(RuntimeError):
@@ -116,10 +99,7 @@ class PipelineEngine(DeepSpeedEngine):
             self.data_iterator = iter(RepeatingLoader(self.training_dataloader))
         self.agg_train_loss: torch.Tensor | None = None
         self.total_loss: torch.Tensor | None = None
-        # [Note: additional losses]: the last stage's batch sums; every rank's batch means
-        self.total_additional_losses: OrderedDict[str, torch.Tensor] | None = None
-        self.agg_additional_losses: OrderedDict[str, torch.Tensor] | None = None
-        self._additional_meta: tuple[float, AdditionalMeta] = (0.0, ())  # key, names/shapes
+        self._extras = AdditionalLosses(self.metrics)  # [Note: additional losses]
         self._compute_loss = True
         self._return_logits = False
         self.outputs: Any = None
@@ -260,6 +240,17 @@ class PipelineEngine(DeepSpeedEngine):
         return self.stage_id
 
     @property
+    def total_additional_losses(self) -> Any:
+        """Upstream's: the last stage's sums of this batch's additional losses, by name."""
+        return self._extras.total
+
+    @property
+    def agg_additional_losses(self) -> Any:
+        """Upstream's: this batch's additional losses averaged over its micro-batches and the
+        data-parallel ranks, by name, on every stage ([Note: additional losses])."""
+        return self._extras.agg
+
+    @property
     def first_output_send(self) -> bool:
         """Upstream's flag: whether the next send negotiates shapes first. Setting it True
         (GPT-NeoX does before a generation of new shapes) is reset_activation_shape()."""
@@ -303,7 +294,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._check_data_iterators()
         self.module.train()
         self._compute_loss = True
-        self.total_additional_losses = None
+        self._extras.total = None
         self._batch_t0 = self.timers.now()
         self._run(self._train_schedule())
         assert self.total_loss is not None  # set by the schedule's OptimizerStep
@@ -538,33 +529,9 @@ class PipelineEngine(DeepSpeedEngine):
             self.outputs = out
         self._outputs[(c, b)] = loss
         self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
-        if torch.is_grad_enabled():  # a training batch ([Note: additional losses])
-            self._add_additional_losses()
-
-    def _add_additional_losses(self) -> None:
         hook: Any = getattr(self.module, "get_additional_losses", None)
-        got = hook() if hook is not None else None
-        if got is None:
-            return
-        if not isinstance(got, Mapping):
-            raise TypeError(
-                f"PipelineModule.get_additional_losses() returned a {type(got).__name__}: "
-                "return a dict of name -> loss tensor (or number), or None"
-            )
-        total = self.total_additional_losses
-        if total is None:
-            total = self.total_additional_losses = OrderedDict()
-        for name, value in got.items():
-            why = self.metrics.name_clash(name)
-            if why is not None:
-                raise ValueError(f"PipelineModule.get_additional_losses(): {why}: rename it")
-            t = torch.as_tensor(value).detach().float()
-            if name in total and total[name].shape != t.shape:
-                raise ValueError(
-                    f"PipelineModule.get_additional_losses(): {name!r} changed shape within a "
-                    f"batch ({list(total[name].shape)} then {list(t.shape)})"
-                )
-            total[name] = total[name] + t if name in total else t.clone()
+        if hook is not None and torch.is_grad_enabled():  # a training batch
+            self._extras.add(hook())
 
     def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
         key = self._key(cmd)
@@ -688,14 +655,16 @@ class PipelineEngine(DeepSpeedEngine):
         # additional losses' count and key ([Note: additional losses])
         ride = torch.zeros(4, dtype=torch.float64, device=self._comm_device)
         extra: torch.Tensor | None = None
-        meta: AdditionalMeta = ()
+        meta: Meta = ()
         # the sum runs over the tensor slices too: one of them counts the loss
         counts = self._norm_axis is self.layout.pipe or self.layout.tensor.rank == 0
         if self.is_last_stage():  # every rank joins the data-parallel all-reduces
-            loss, values, meta, agreed = self._batch_means()
+            loss, values, meta, agreed = self._extras.batch_means(
+                self._losses, self.micro_batches, self.layout.data, self._comm_device
+            )
             if counts:
                 ride[0], extra = loss, values
-                ride[1], ride[2] = values.numel(), _meta_key(meta)
+                ride[1], ride[2] = values.numel(), meta_key(meta)
             ride[3] = 0.0 if agreed else 1.0
         with self.timers.phase("step"):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=ride)
@@ -703,13 +672,9 @@ class PipelineEngine(DeepSpeedEngine):
         # on the device, as upstream's (code may all-reduce it over NCCL)
         self.total_loss = torch.tensor(total, dtype=torch.float32, device=self.device)
         self.metrics.add_loss(self.total_loss)
-        if disagreed:
-            raise ValueError(
-                "PipelineModule.get_additional_losses(): the last stage's data-parallel ranks "
-                "returned different names or shapes this batch; return the same dict keys "
-                "(and shapes) on every rank, every micro-batch that returns any"
-            )
-        self._share_additional_losses(int(n), key, extra, meta)
+        if not counts:
+            meta = ()
+        self._extras.share(int(n), key, disagreed, extra, meta, self._norm_axis, self._comm_device)
         self.timers.since(TRAIN_BATCH_TIMER, self._batch_t0)  # before the window below closes
         if self.slow_nodes is not None:
             self.slow_nodes.on_step(self.global_steps)
@@ -727,57 +692,6 @@ class PipelineEngine(DeepSpeedEngine):
         return comm.collective_device(self.layout.pipe)
 
     # -- losses --
-    def _batch_means(self) -> tuple[torch.Tensor, torch.Tensor, AdditionalMeta, bool]:
-        """The last stage's batch loss and additional losses (by name), each the mean over
-        the micro-batches and the data-parallel ranks: loss, the rest flat, their meta, and
-        whether the data-parallel ranks agree on the meta. The loss's all-reduce carries the
-        check (sums of the count and a key, and of their squares: all equal iff
-        dp * sum(x^2) == sum(x)^2); the values follow only when there are any, agreed."""
-        extra = sorted((self.total_additional_losses or {}).items())
-        meta = tuple((name, tuple(t.shape)) for name, t in extra)
-        m, dp = self.micro_batches, self.dp_world_size
-        loss = torch.stack([v.float() for v in self._losses]).sum() / m
-        n, key = float(sum(t.numel() for _, t in extra)), _meta_key(meta, bits=20)
-        head = torch.tensor([0.0, n, key, n * n, key * key], dtype=torch.float64)
-        head = head.to(self._comm_device)
-        head[0] = loss
-        comm.all_reduce(head, group=self.layout.data)
-        total, sn, sk, sn2, sk2 = head.tolist()
-        agreed = dp * sn2 == sn * sn and dp * sk2 == sk * sk
-        flat = torch.zeros(0, device=self._comm_device)
-        if agreed and n > 0:
-            flat = torch.cat([t.reshape(-1) for _, t in extra]).to(self._comm_device) / m
-            comm.all_reduce(flat, group=self.layout.data)
-            flat /= dp
-        return torch.tensor(total / dp), flat, meta, agreed
-
-    def _share_additional_losses(
-        self, n: int, key: float, flat: torch.Tensor | None, meta: AdditionalMeta
-    ) -> None:
-        """Every stage gets the last stage's additional losses ([Note: additional losses])."""
-        if key == 0:  # no names this batch
-            self.agg_additional_losses = None
-            return
-        if key != self._additional_meta[0]:  # new names or shapes: learn them
-            seen = comm.all_gather_object(meta if flat is not None else None, self._norm_axis)
-            self._additional_meta = (key, next(m for m in seen if m is not None))
-        values = torch.zeros(n, dtype=torch.float32, device=self._comm_device)
-        if flat is not None:
-            values.copy_(flat)
-        if n:
-            comm.all_reduce(values, group=self._norm_axis)  # one rank holds them, the rest 0
-        out: OrderedDict[str, torch.Tensor] = OrderedDict()
-        at = 0
-        for name, shape in self._additional_meta[1]:
-            size = math.prod(shape)
-            out[name] = values[at : at + size].reshape(shape).clone()
-            at += size
-        self.agg_additional_losses = out
-        scalars = [k for k, v in out.items() if v.numel() == 1]
-        if scalars:  # one host read for all of them
-            host = torch.stack([out[k].reshape(()) for k in scalars]).tolist()
-            self.metrics.add_values(dict(zip(scalars, host)))
-
     def _mean_over_data(self, values: list[Any], m: int) -> Any:
         if not values:
             return None
@@ -815,15 +729,6 @@ class PipelineEngine(DeepSpeedEngine):
                 "and last stages, or training_data= to deepspeed.initialize (or a batch_fn, "
                 "set_batch_fn, which then gets None there to fill, as upstream's does)"
             )
-
-
-def _meta_key(meta: AdditionalMeta, bits: int = 48) -> float:
-    """Names and shapes as a number a float64 sum carries exactly (< 2**bits, not 0; 20
-    bits where its square is summed too)."""
-    if not meta:
-        return 0.0
-    digest = hashlib.blake2b(repr(meta).encode(), digest_size=8).digest()
-    return float((int.from_bytes(digest, "big") >> (64 - bits)) or 1)
 
 
 __all__ = ["PipeAborted", "PipelineEngine", "PipelineError"]
