@@ -1,9 +1,11 @@
 """torch.distributed as the comm layer calls it. The comm layer is the only torch.distributed
-user; through this one door every tensor handed to a collective is checked first: a
-non-contiguous one is refused (gloo reads and writes such a tensor's storage as if it were
-dense, silently: a broadcast of a sliced batch delivered other elements), as NCCL refuses
-it; and with device-strict mode on ([Note: device-strict mode] in accelerator/strict.py), a
-host tensor over a device group is refused, as NCCL would refuse it on a GPU."""
+user; through this one door every tensor handed to a collective is checked first: the tensor
+an all-reduce, broadcast or reduce works in place on, or a point-to-point one, must be
+contiguous (gloo moves such a tensor's storage as if it were dense, silently: a broadcast of
+a sliced batch delivered other elements; gloo's point-to-point refuses it with a terse
+message); torch copies into and out of the other collectives' views itself, so those pass.
+With device-strict mode on ([Note: device-strict mode] in accelerator/strict.py), a host
+tensor over a device group is refused, as NCCL would refuse it on a GPU."""
 
 from __future__ import annotations
 
@@ -40,22 +42,26 @@ def _dense(t: torch.Tensor) -> bool:
     return fmt is not None and t.is_contiguous(memory_format=fmt)
 
 
-def _check_dense(op: str, values: Any) -> None:
-    for v in values:
-        for t in v if isinstance(v, (list, tuple)) else (v,):
-            if isinstance(t, torch.Tensor) and not _dense(t):
-                raise ValueError(
-                    f"{op}: a non-contiguous tensor (shape {tuple(t.shape)}, strides "
-                    f"{t.stride()}) handed to a collective; gloo would move the wrong elements "
-                    "without an error and NCCL refuses it: pass t.contiguous() (and copy the "
-                    "result back where it must land in place)"
-                )
+# the ops whose one tensor must be dense (the module docstring says why)
+_DENSE_OPS = frozenset("all_reduce broadcast reduce send recv isend irecv".split())
+
+
+def _check_dense(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    t = args[0] if args else kwargs.get("tensor")
+    if isinstance(t, torch.Tensor) and not _dense(t):
+        raise ValueError(
+            f"{op}: a non-contiguous tensor (shape {tuple(t.shape)}, strides {t.stride()}); "
+            "gloo would move the wrong elements without an error: pass t.contiguous() (and "
+            "copy the result back where it must land in place)"
+        )
 
 
 def _checked(name: str, fn: Any, logged: bool = True) -> Any:
+    dense = name in _DENSE_OPS
+
     def call(*args: Any, **kwargs: Any) -> Any:
-        _check_dense(name, args)
-        _check_dense(name, kwargs.values())
+        if dense:
+            _check_dense(name, args, kwargs)
         if strict.active():
             strict.check_collective(
                 name, list(args) + list(kwargs.values()), not is_host_group(kwargs.get("group"))

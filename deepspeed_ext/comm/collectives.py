@@ -43,9 +43,14 @@ def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool 
 
 
 def group_broadcast(tensor: torch.Tensor, group: AxisGroup, group_src: int = 0) -> None:
-    """Broadcast from the rank at index group_src of an AxisGroup."""
+    """Broadcast from the rank at index group_src of an AxisGroup (a non-contiguous tensor,
+    such as a parameter made from a transpose, through a dense copy: the comm door refuses
+    views, which gloo would fill wrongly)."""
     if group.size > 1:
-        dist.broadcast(tensor, src=group.global_rank(group_src), group=group.group)
+        buf = tensor if tensor.is_contiguous() else tensor.contiguous()
+        dist.broadcast(buf, src=group.global_rank(group_src), group=group.group)
+        if buf is not tensor:
+            tensor.copy_(buf)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None) -> Any:

@@ -29,7 +29,7 @@ class DeepSpeedDataLoader:
             rank=rank,
             shuffle=shuffle,
             seed=seed,
-            drop_last=drop_last,
+            drop_last=False,  # as upstream: the sampler pads; only a short last batch drops
         )
         self.loader = DataLoader(
             dataset,

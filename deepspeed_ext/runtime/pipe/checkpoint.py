@@ -164,19 +164,31 @@ def _load_upstream_optimizer(engine: PipelineEngine, state: dict[str, Any], wher
             "(the weights and counters load; the optimizer starts afresh)"
         )
 
-    if engine.zero_optimization_stage() != 0 or not isinstance(saved, dict):
-        raise refuse("it is ZeRO-partitioned (or absent), or this run uses ZeRO")
+    if engine.zero_optimization_stage() != 0:
+        raise refuse("this run uses ZeRO, whose optimizer state is laid out otherwise")
+    if not (isinstance(saved, dict) and "state" in saved and "param_groups" in saved):
+        raise refuse(
+            "it is not a plain torch optimizer's state (ZeRO-partitioned, fp16/bf16-wrapped, "
+            "or absent)"
+        )
     if not engine._ckpt_same_layout:
         raise refuse(f"it was saved at another number of stages than {engine.num_stages}")
-    module = _module(engine)
-    ours = [p for p in module.parameters() if p.requires_grad]  # upstream's order: tied first
-    shapes = [tuple(saved["state"][i]["exp_avg"].shape) for i in sorted(saved["state"])]
+    # torch numbers the parameters across the groups in order; so does its load_state_dict
     groups = engine.optimizer.param_groups
-    if len(groups) != len(saved["param_groups"]) or [tuple(p.shape) for p in ours] != shapes:
+    counts = [len(g["params"]) for g in groups]
+    if counts != [len(g["params"]) for g in saved["param_groups"]]:
         raise refuse(
-            "this stage's parameters do not have the saved shapes in upstream's order (another "
-            "partition of the layers, or another optimizer)"
+            f"its parameter groups hold {[len(g['params']) for g in saved['param_groups']]} "
+            f"parameters and this stage's optimizer {counts}"
         )
+    ours = [p for g in groups for p in g["params"]]
+    for i, st in saved["state"].items():
+        shapes = {tuple(v.shape) for v in st.values() if torch.is_tensor(v) and v.dim()}
+        if not 0 <= int(i) < len(ours) or shapes - {tuple(ours[int(i)].shape)}:
+            raise refuse(
+                f"the state of its parameter {i} does not fit this stage's parameter there "
+                "(another partition of the layers, or another optimizer)"
+            )
     engine.optimizer.load_state_dict(saved)
     engine.strategy.sync_masters_from_model()
 

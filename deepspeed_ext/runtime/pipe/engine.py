@@ -456,7 +456,9 @@ class PipelineEngine(DeepSpeedEngine):
         data stage had them, agreed over all ranks: evaluation data running out (an eval
         loop's usual end) raises StopIteration on every rank before the pipeline starts,
         so the engine stays usable, where running out mid-batch would leave that batch's
-        messages queued between stages (the engine would then refuse further batches)."""
+        messages queued between stages (the engine would then refuse further batches).
+        A batch_fn that broadcasts over the tensor group (Megatron's) must itself cope with
+        its reading rank running out: the other ranks wait in its broadcast (as upstream)."""
         ran_out: StopIteration | None = None
         if self._needs_data():
             try:

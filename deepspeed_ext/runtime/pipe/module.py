@@ -205,7 +205,9 @@ class PipelineModule(torch.nn.Module):
     ) -> Callable[..., Any]:
         """funcs[start:end] in turn. With seed_layers, as upstream: each layer's random state
         (dropout) is seeded from the micro-batch's forward count and its global index, fixed
-        when the forward began, so a recompute (activation checkpointing) draws the same."""
+        when the forward began, so a recompute (activation checkpointing) draws the same.
+        Under activation checkpointing upstream restarts the index in every segment (its
+        segments repeat the first one's seeds); here each layer keeps its own."""
         offset = self.micro_offset + 1
         seed = (self.seed_fn or _seed_everything) if self.seed_layers else None
 

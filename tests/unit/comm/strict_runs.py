@@ -63,6 +63,17 @@ def strict_collectives() -> dict[str, object]:
         out["sliced_refused"] = ""
     except ValueError as exc:
         out["sliced_refused"] = str(exc)
+    # torch fills an all-gather's output views itself: those pass
+    rank = int(os.environ["RANK"])
+    into = torch.zeros(3, 2, device=dev)
+    comm.all_gather(list(into.t()), torch.full((3,), float(rank), device=dev))
+    out["gathered_into_views"] = into.t().tolist()
+    # a transposed parameter broadcast by the comm layer goes through a dense copy
+    from deepspeed_ext.comm.layout import AxisGroup
+
+    w = (torch.arange(6.0, device=dev).view(2, 3) * (rank + 1)).t()
+    comm.group_broadcast(w, AxisGroup(None, (0, 1), rank))
+    out["broadcast_view"] = w.tolist()
     nhwc = torch.ones(1, 2, 2, 3, device=dev).to(memory_format=torch.channels_last)
     comm.all_reduce(nhwc)  # channels-last is dense: NCCL takes it, and so does gloo
     out["channels_last_sum"] = float(nhwc.sum())

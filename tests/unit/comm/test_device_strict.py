@@ -60,3 +60,5 @@ def test_collectives_over_two_ranks():
         assert r["after_event"] == 6.0 and r["after_synchronize"] == 6.0
         assert "non-contiguous" in r["sliced_refused"] and "strides (4, 1)" in r["sliced_refused"]
         assert r["channels_last_sum"] == 24.0
+        assert r["gathered_into_views"] == [[0.0] * 3, [1.0] * 3]
+        assert r["broadcast_view"] == [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]  # rank 0's
