@@ -18,9 +18,12 @@ the same layer files (but none for a tied layer used through forward_fn: its key
 use holds the weights) and per-stage files without the `pipeline` entry or any partition.
 It loads here: the module from the layer files at any number of stages; the counters from
 the stage files; the optimizer state (stage 0: a torch state dict per stage, by position)
-only at the saved number of stages and only if this stage's parameters, in upstream's order
-(tied modules first, then the layers), have the saved shapes, else an error that names
-load_optimizer_states=False. ZeRO-partitioned optimizer state of upstream is refused alike.
+only at the saved number of stages, only if it is a plain torch optimizer's, its parameter
+groups hold as many parameters as this stage's optimizer's, and every saved state tensor has
+the shape of the parameter at its position (this engine orders a stage's parameters as
+upstream's: tied modules first, then the layers); else an error that names
+load_optimizer_states=False. Upstream's ZeRO-partitioned or fp16-wrapped state is refused
+alike.
 """
 
 from __future__ import annotations
