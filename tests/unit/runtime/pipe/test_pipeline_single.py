@@ -89,6 +89,16 @@ def checks() -> dict[str, Any]:
         lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
     )
     out["seeded"] = _seeded_dropout()
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    class OwnSaving(PipelineModule):
+        def save_state_dict(self, save_dir: Any, checkpoint_engine: Any) -> None:
+            raise AssertionError("never called here")
+
+    own = OwnSaving(pr.specs(), num_stages=1, loss_fn=pr.lm_loss)
+    out["own_saving"] = error_text(
+        lambda: initialize(model=own, config=_config(), optimizer=_adamw)
+    )
     for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
         odd = _module()
         odd.get_additional_losses = lambda returned=returned: returned  # type: ignore[method-assign]
@@ -170,3 +180,9 @@ def test_additional_losses_of_the_wrong_kind_are_refused_by_name(res: dict[str, 
 
 def test_seed_layers_seeds_each_layer_of_each_forward_as_upstream(res: dict[str, Any]) -> None:
     assert res["seeded"] == [True, True, True]
+
+
+def test_upstreams_checkpoint_hooks_in_a_subclass_are_refused_by_name(res: dict[str, Any]) -> None:
+    """This engine writes the layer files itself: an override would never run."""
+    assert res["own_saving"].startswith("ValueError"), res["own_saving"]
+    assert "OwnSaving defines save_state_dict" in res["own_saving"]
