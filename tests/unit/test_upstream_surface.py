@@ -51,6 +51,15 @@ SURFACE = {
         "OffloadDeviceEnum",
     ],
     "deepspeed.runtime.utils": ["RepeatingLoader", "see_memory_usage"],
+    "deepspeed.runtime.pipe.p2p": [
+        "can_send_recv",
+        "init_process_groups",
+        "recv",
+        "recv_obj",
+        "send",
+        "send_obj",
+        "wait",
+    ],
     "deepspeed.runtime.pipe.engine": [
         "BATCH_INPUT_TIMER",
         "PIPE_RECV_GRAD_TIMER",

@@ -314,8 +314,38 @@ def tied_groups() -> dict[str, Any]:
     return {"tied": out}
 
 
+def stage_p2p() -> dict[str, Any]:
+    """Upstream's deepspeed.runtime.pipe.p2p between the two stages: a tensor each way, an
+    async receive, an object, and a stage that is no neighbour refused."""
+    from deepspeed.runtime.pipe import p2p
+    from deepspeed_ext.comm import collective_device
+
+    engine = _engine(_module())
+    p2p.init_process_groups(engine.grid)
+    me, dev = engine.stage_id, collective_device()
+    other = 1 - me
+    got = torch.zeros(3, device=dev)
+    if me == 0:
+        p2p.send(torch.arange(3.0, device=dev), other)
+        p2p.recv(got, other, async_op=True)
+        p2p.wait()
+        p2p.send_obj({"from": 0, "shape": [2, 3]}, other)
+        obj = None
+    else:
+        p2p.recv(got, other)
+        p2p.send(got * 10, other)
+        obj = p2p.recv_obj(other)
+    try:
+        p2p.send(got, me)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    return {"got": got.tolist(), "obj": obj, "refused": refused, "can": p2p.can_send_recv()}
+
+
 SCENARIOS = {
     "eval": eval_after_training,
+    "stage_p2p": stage_p2p,
     "tied_groups": tied_groups,
     "interleaved": interleaved,
     "checkpointed": checkpointed,

@@ -48,6 +48,13 @@ def test_tied_weights_come_with_a_torch_group_of_their_stages(runs: list[dict]) 
         assert r["tied_groups"]["tied"] == [([pr.VOCAB, pr.DIM], 2, 2.0)]
 
 
+def test_upstreams_stage_p2p_calls(runs: list[dict]) -> None:
+    first, last = runs[0]["stage_p2p"], runs[1]["stage_p2p"]
+    assert last["got"] == [0.0, 1.0, 2.0] and first["got"] == [0.0, 10.0, 20.0]
+    assert last["obj"] == {"from": 0, "shape": [2, 3]}
+    assert "stage 0 cannot exchange with stage 0" in first["refused"] and first["can"]
+
+
 def test_interleaved_train_and_eval(runs: list[dict]) -> None:
     ref = pr.reference(2, 2, 1)
     model = ref["model"].eval()
