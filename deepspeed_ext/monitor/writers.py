@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -184,7 +185,14 @@ def rank_times_from_config(cfg: Any, rank: int, blocked: Any = None) -> RankTime
     return RankTimes(_dir(s, "deepspeed") / "ranks" / f"rank{rank}.jsonl", rank, blocked)
 
 
-_MONITORS = ("jsonl_monitor", "csv_monitor", "tensorboard", "wandb", "comet")
+# each monitor section and the writer it makes, in the order they write
+_MONITORS: dict[str, Callable[[Any], Writer]] = {
+    "jsonl_monitor": lambda s: JsonLinesWriter(_dir(s, "deepspeed") / "metrics.jsonl"),
+    "csv_monitor": lambda s: CsvWriter(_dir(s, "DeepSpeedJobName")),
+    "tensorboard": lambda s: TensorBoardWriter(_dir(s, "DeepSpeedJobName")),
+    "wandb": lambda s: WandbWriter(s),
+    "comet": lambda s: CometWriter(s),
+}
 
 
 def monitors_enabled(cfg: Any) -> bool:
@@ -194,15 +202,4 @@ def monitors_enabled(cfg: Any) -> bool:
 
 def writers_from_config(cfg: Any) -> list[Writer]:
     """Writers for the enabled monitor sections (rank 0 only; the caller decides)."""
-    out: list[Writer] = []
-    if (s := _on(cfg, "jsonl_monitor")) is not None:
-        out.append(JsonLinesWriter(_dir(s, "deepspeed") / "metrics.jsonl"))
-    if (s := _on(cfg, "csv_monitor")) is not None:
-        out.append(CsvWriter(_dir(s, "DeepSpeedJobName")))
-    if (s := _on(cfg, "tensorboard")) is not None:
-        out.append(TensorBoardWriter(_dir(s, "DeepSpeedJobName")))
-    if (s := _on(cfg, "wandb")) is not None:
-        out.append(WandbWriter(s))
-    if (s := _on(cfg, "comet")) is not None:
-        out.append(CometWriter(s))
-    return out
+    return [make(s) for name, make in _MONITORS.items() if (s := _on(cfg, name)) is not None]
