@@ -179,10 +179,10 @@ def _load_upstream_optimizer(engine: PipelineEngine, state: dict[str, Any], wher
     # torch numbers the parameters across the groups in order; so does its load_state_dict
     groups = engine.optimizer.param_groups
     counts = [len(g["params"]) for g in groups]
-    if counts != [len(g["params"]) for g in saved["param_groups"]]:
+    theirs = [len(g["params"]) for g in saved["param_groups"]]
+    if counts != theirs:
         raise refuse(
-            f"its parameter groups hold {[len(g['params']) for g in saved['param_groups']]} "
-            f"parameters and this stage's optimizer {counts}"
+            f"its parameter groups hold {theirs} parameters and this stage's optimizer {counts}"
         )
     ours = [p for g in groups for p in g["params"]]
     for i, st in saved["state"].items():

@@ -674,8 +674,6 @@ class PipelineEngine(DeepSpeedEngine):
         # on the device, as upstream's (code may all-reduce it over NCCL)
         self.total_loss = torch.tensor(total, dtype=torch.float32, device=self.device)
         self.metrics.add_loss(self.total_loss)
-        if not counts:
-            meta = ()
         self._extras.share(int(n), key, disagreed, extra, meta, self._norm_axis, self._comm_device)
         self.timers.since(TRAIN_BATCH_TIMER, self._batch_t0)  # before the window below closes
         if self.slow_nodes is not None:
