@@ -14,7 +14,17 @@ header's code is what keeps a failing pipeline from hanging:
 Before the first packet the receiver knows no size, so the first message (and an abort that
 comes before any packet) is a 2-word hello [code, meta length]. Sends are non-blocking (the
 receiver posts its receives in schedule order, so a schedule that is valid when simulated in
-one process cannot deadlock); each send's buffer is kept alive until its work completes.
+one process cannot deadlock); each send's buffer is kept alive until its work completes,
+and a few are then reused for later packets (header and views made once).
+A receiver told how many messages are still to come (expect(n), from the engine's count of
+its schedule's receives) posts the next one's receive as soon as a packet is in: a message
+is then read off the wire when it comes, while the stage computes, instead of when the
+schedule asks for it (a transport that waits for the receiver before sending, as gloo
+does, otherwise adds a round trip to every late receive, on the 1F1B critical path). The
+early receive lands in a spare buffer, which becomes the slot's buffer when the slot
+receives; the slot's old buffer (dead by then: its views were valid until this receive)
+becomes the next spare. Never more than one early receive per channel, and none past the
+batch's last message, so no receive is left posted between batches.
 A batch that fails part way leaves its unread messages (and abort words) queued on the
 channels, where the next batch would take them for its own: the pipeline engine refuses
 every batch after a failed one, naming the failure (a new engine gets new tags).
@@ -39,7 +49,7 @@ import functools
 import hashlib
 import math
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -97,6 +107,7 @@ def describe(meta: Meta) -> str:
 
 
 _HEAD = 16  # bytes: [code, meta length] as int64
+_KEEP = 4  # sent packets kept per channel for reuse
 
 
 @functools.lru_cache(maxsize=256)
@@ -126,6 +137,14 @@ def _views(buf: torch.Tensor, meta: Meta) -> tuple[torch.Tensor, ...]:
     return tuple(out)
 
 
+class _Packet(NamedTuple):
+    """An OK packet's buffer and its tensors' views, kept for reuse."""
+
+    meta: Meta
+    buf: torch.Tensor
+    views: tuple[torch.Tensor, ...]
+
+
 class PipeChannel:
     """One direction between this rank and `peer` (a global rank). `what` names the traffic
     in messages ("activations from stage 1"). Packets live on the collective device (NCCL
@@ -153,8 +172,14 @@ class PipeChannel:
         self.recv_meta: Meta | None = None
         self.reshape_next = False  # the next send may change shape (renegotiate())
         self._slots: dict[int, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
-        self._pending: deque[tuple[Any, torch.Tensor]] = deque()
+        # sends in flight: (work, buffer, the packet to reuse once sent, or None)
+        self._pending: deque[tuple[Any, torch.Tensor, _Packet | None]] = deque()
+        self._free: list[_Packet] = []  # sent OK packets of sent_meta, header written
         self.aborted = False
+        self.expected = 0  # messages still to come this batch (expect())
+        self.early_receives = 0  # receives posted early, in all
+        self._early: tuple[Any, tuple[torch.Tensor, tuple[torch.Tensor, ...]]] | None = None
+        self._spare: tuple[torch.Tensor, tuple[torch.Tensor, ...]] | None = None
 
     # -- sending --
     def send(self, tensors: tuple[torch.Tensor, ...]) -> None:
@@ -190,14 +215,24 @@ class PipeChannel:
                 self._post(self._packet(self.sent_meta, _META, words.numel()))
             self._post(words)
             self.sent_meta = meta
+            self._free.clear()
         self.reshape_next = False
-        packet = self._packet(meta, _OK, 0)
         if self.split is None:
-            for view, t in zip(_views(packet, meta), tensors):
+            # a packet whose send completed, header and views made once: the send path is
+            # the pipeline's critical path, run by a core just woken from waiting
+            self._reap()
+            reuse = self._free.pop() if self._free else self._new_packet(meta)
+            for view, t in zip(reuse.views, tensors):
                 view.copy_(t.detach())
+            self._post(reuse.buf, reuse)
         else:
+            packet = self._packet(meta, _OK, 0)
             self._copy_part(packet, tensors, meta)
-        self._post(packet)
+            self._post(packet)
+
+    def _new_packet(self, meta: Meta) -> _Packet:
+        buf = self._packet(meta, _OK, 0)
+        return _Packet(meta, buf, _views(buf, meta))
 
     def _copy_part(
         self, packet: torch.Tensor, tensors: tuple[torch.Tensor, ...], meta: Meta
@@ -256,19 +291,29 @@ class PipeChannel:
         buf[:_HEAD].view(torch.int64).copy_(self._hello(code, n))
         return buf
 
-    def _post(self, t: torch.Tensor) -> None:
+    def _post(self, t: torch.Tensor, reuse: _Packet | None = None) -> None:
         work = dist.isend(t, self.peer, tag=self.tag)
-        self._pending.append((work, t))
-        while self._pending and self._pending[0][0].is_completed():
-            self._pending.popleft()  # its buffer may go
+        self._pending.append((work, t, reuse))
+        self._reap()
         while len(self._pending) > self.max_pending:  # bound the memory of a fast sender
-            w, _ = self._pending.popleft()
-            w.wait()
+            self._pending[0][0].wait()
+            self._sent()
+
+    def _reap(self) -> None:
+        while self._pending and self._pending[0][0].is_completed():
+            self._sent()  # its buffer may go
+
+    def _sent(self) -> None:
+        _, _, reuse = self._pending.popleft()
+        # a few kept (gloo reports a send complete only once waited for, at the batch's end:
+        # keeping all would hold a batch of packets between batches)
+        if reuse is not None and reuse.meta == self.sent_meta and len(self._free) < _KEEP:
+            self._free.append(reuse)
 
     def wait_sends(self) -> None:
         while self._pending:
-            w, _ = self._pending.popleft()
-            w.wait()
+            self._pending[0][0].wait()
+            self._sent()
 
     def abort(self) -> None:
         """Tell the peer this side failed (once; never blocks)."""
@@ -287,22 +332,29 @@ class PipeChannel:
         _ABORTS.append((work, word))
 
     # -- receiving --
+    def expect(self, n: int) -> None:
+        """n more messages come this batch: each receive but the last posts the next one's
+        early ([Note: pipeline p2p])."""
+        self.expected = n
+
     def recv(self, slot: int = 0) -> tuple[torch.Tensor, ...]:
         """The next message's tensors: views into this slot's reused buffer (valid until the
         same slot receives again)."""
+        self.expected = max(self.expected - 1, 0)
         if self.recv_meta is None:  # the hello: [code, meta length]
             head = torch.empty(2, dtype=torch.int64, device=self.device)
             dist.recv(head, self.peer, tag=self.tag)
             code, n = head.tolist()
             self._agree(code)
         else:
-            buf, views = self._slot(slot)
+            buf, views = self._landed(slot)
             wire = self._wire(buf)
-            dist.recv(wire, self.peer, tag=self.tag)
             code, n = wire[:_HEAD].view(torch.int64).tolist()  # one host read per message
             self._agree(code)
             if code == _OK:
-                return self._gathered(buf, wire, views)
+                out = self._gathered(buf, wire, views)
+                self._post_early()
+                return out
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
         if code != _META:
@@ -311,6 +363,7 @@ class PipeChannel:
         dist.recv(words, self.peer, tag=self.tag)
         self.recv_meta = _decode(words.tolist())
         self._slots.clear()
+        self._spare = None  # of the old size
         buf, views = self._slot(slot)
         wire = self._wire(buf)
         dist.recv(wire, self.peer, tag=self.tag)
@@ -318,7 +371,35 @@ class PipeChannel:
         self._agree(code)
         if code == _ABORT:
             raise PipeAborted(f"{self.what}: rank {self.peer} failed (see its error)")
-        return self._gathered(buf, wire, views)
+        out = self._gathered(buf, wire, views)
+        self._post_early()
+        return out
+
+    def _landed(self, slot: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """The slot's buffer holding the next message: the early receive's (the slot's old
+        buffer becoming the spare), or one received now."""
+        if self._early is None:
+            buf, views = self._slot(slot)
+            dist.recv(self._wire(buf), self.peer, tag=self.tag)
+            return buf, views
+        work, landed = self._early
+        self._early = None
+        work.wait()
+        self._spare = self._slots.get(slot)
+        self._slots[slot] = landed
+        return landed
+
+    def _post_early(self) -> None:
+        """Post the receive of the batch's next message (unsplit channels: a split one's
+        receivers agree on each message's code first)."""
+        if self.expected == 0 or self.split is not None or self.recv_meta is None:
+            return
+        spare, self._spare = self._spare, None
+        if spare is None:
+            buf = torch.empty(_layout(self.recv_meta)[1], dtype=torch.uint8, device=self.device)
+            spare = (buf, _views(buf, self.recv_meta))
+        self._early = (dist.irecv(spare[0], self.peer, tag=self.tag), spare)
+        self.early_receives += 1
 
     def _agree(self, code: int) -> None:
         """Split: the receivers of a stage learn each other's message codes before they

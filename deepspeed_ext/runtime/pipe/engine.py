@@ -12,7 +12,7 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -397,8 +397,10 @@ class PipelineEngine(DeepSpeedEngine):
             for kind, name in _TIMED.items():
                 handlers[kind] = self._timed(handlers[kind], name)
         senders = [*self._act_out.values(), *self._grad_out.values()]
+        plan = list(sched.steps())
+        self._expect_receives(plan)
         try:
-            for step in sched.steps():
+            for step in plan:
                 for cmd in step:
                     handlers[type(cmd)](cmd)
             for ch in senders:
@@ -414,6 +416,15 @@ class PipelineEngine(DeepSpeedEngine):
             losses = self._losses
             self._reset_buffers()
             self._losses = losses
+
+    def _expect_receives(self, plan: list[list[sch.PipeInstruction]]) -> None:
+        """Tell each receiving channel how many messages this batch brings, so that it can
+        post each next receive early ([Note: pipeline p2p])."""
+        recvs = (sch.RecvActivation, sch.RecvGrad)
+        cmds = [cmd for step in plan for cmd in step if isinstance(cmd, recvs)]
+        counts = Counter((type(cmd), self._key(cmd)[0]) for cmd in cmds)
+        for (kind, c), n in counts.items():
+            (self._act_in if kind is sch.RecvActivation else self._grad_in)[c].expect(n)
 
     def _check_not_failed(self) -> None:
         if self._failed is not None:

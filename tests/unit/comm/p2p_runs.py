@@ -91,5 +91,58 @@ def channels() -> dict[str, Any]:
         except (ValueError, PipeAborted) as e:
             out[name] = f"{type(e).__name__}: {e}"
     out["base"] = base
+    out |= _early_receives(peer, stage)
     comm.barrier()
     return out
+
+
+class _Waited:
+    def wait(self) -> None:
+        pass
+
+
+def _early_receives(peer: int, stage: int) -> dict[str, Any]:
+    """A receiver told how many messages come posts each next receive early (the engine's
+    expect()): the next message lands while the last one's views stay intact, until the
+    same slot receives again; a shape change and an abort that land early are read as such;
+    no receive stays posted past the expected count."""
+    from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel
+
+    shapes = [3, 3, 3, 3, 6]  # the last changes shape (dynamic), landing in the early buffer
+    ch = PipeChannel(peer, "early channel", dynamic=True, tag=8)
+    res: dict[str, Any] = {}
+    if stage == 0:
+        for step, rows in enumerate(shapes):
+            ch.send(_tensors(step, rows))
+        ch.wait_sends()
+        ch = PipeChannel(peer, "early abort channel", tag=9)
+        ch.send(_tensors(0))
+        ch.wait_sends()
+        ch.abort()
+        return res
+    ch.expect(len(shapes))
+    got, intact, posted = [], [], []
+    held: list[torch.Tensor] = []
+    for step in range(len(shapes)):
+        views = ch.recv(slot=step % 2)
+        posted.append(ch._early is not None)
+        if ch._early is not None:  # let the next message land in the spare buffer now
+            work, spare = ch._early
+            work.wait()
+            ch._early = (_Waited(), spare)  # a gloo work waits only once
+        # the other slot's views (the previous message) survive the next one's landing
+        intact.append(all(torch.equal(a, b) for a, b in zip(held, _tensors(step - 1))))
+        held = list(views)
+        got.append([x.clone() for x in views])
+    res["early_got"] = got
+    res["early_posted"] = posted
+    res["early_intact"] = intact
+    ch = PipeChannel(peer, "early abort channel", tag=9)
+    ch.expect(3)
+    ch.recv()
+    try:
+        ch.recv()
+        res["early_abort"] = None
+    except PipeAborted as e:
+        res["early_abort"] = f"{type(e).__name__}: {e}"
+    return res

@@ -71,3 +71,19 @@ def test_one_failed_sender_fails_every_receiver(runs: list[dict]) -> None:
             assert r["abort"] is not None and r["abort"].startswith("PipeAborted"), r["abort"]
         else:
             assert r["abort"] is None, r["abort"]
+
+
+def test_early_receives_land_without_overwriting_held_messages(runs: list[dict]) -> None:
+    """[Note: pipeline p2p]: each receive but the last posts the next one's; what lands
+    early is the right message, a shape change included, and the previous slot's tensors
+    are untouched by it. An abort that lands early raises."""
+    shapes = [3, 3, 3, 3, 6]
+    for r in runs:
+        if r["stage"] != 1:
+            continue
+        assert r["early_posted"] == [True, True, True, True, False]
+        assert all(r["early_intact"]), r["early_intact"]
+        for step, (got, rows) in enumerate(zip(r["early_got"], shapes, strict=True)):
+            for g, w in zip(got, p2p_runs._tensors(step, rows), strict=True):
+                assert g.dtype == w.dtype and torch.equal(g, w.detach())
+        assert r["early_abort"] is not None and r["early_abort"].startswith("PipeAborted")

@@ -205,7 +205,13 @@ def pipeline_run(
         "weights": weights,
         "schedule": engine.schedule_name,
         "unsplit": engine.unsplit_backwards,
+        # [Note: pipeline p2p]: receives posted early, none left posted after a batch
+        "early": [(ch.early_receives, ch._early is not None) for ch in _receivers(engine)],
     }
+
+
+def _receivers(engine: Any) -> list[Any]:
+    return [*engine._act_in.values(), *engine._grad_in.values()]
 
 
 def pipeline_cases(cases: list[tuple[Any, ...]], steps: int, gas: int) -> list[dict[str, Any]]:

@@ -78,6 +78,17 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
     assert seen == set(ref_weights), "every parameter lives on some stage"
 
 
+def test_receives_are_posted_early_and_none_outlive_a_batch(runs: list[list[dict]]) -> None:
+    """Every receiving channel posted each batch's receives but the first early, and none
+    is left posted after the batch ([Note: pipeline p2p])."""
+    for case in range(len(CASES)):
+        chans = [e for r in runs for e in r[case]["early"]]
+        assert chans, CASES[case]
+        for posted, left in chans:
+            assert not left, CASES[case]
+            assert posted == STEPS * (GAS - 1), CASES[case]
+
+
 def test_tied_copies_stay_equal(runs: list[list[dict]]) -> None:
     for case, (stages, *_) in enumerate(CASES):
         copies = [
