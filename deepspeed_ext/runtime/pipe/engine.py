@@ -97,7 +97,11 @@ class PipelineEngine(DeepSpeedEngine):
         self.data_iterator: Iterator[Any] | None = None
         if self.training_dataloader is not None and self._needs_data():
             self.data_iterator = iter(RepeatingLoader(self.training_dataloader))
+        # upstream's loss attributes: the batch loss averaged over the data-parallel ranks
+        # (train_batch returns it), this replica's own, both on every stage; and the last
+        # stage's sum of its micro-batch losses (None on the other stages)
         self.agg_train_loss: torch.Tensor | None = None
+        self.dp_group_loss: torch.Tensor | None = None
         self.total_loss: torch.Tensor | None = None
         self._extras = AdditionalLosses(self.metrics)  # [Note: additional losses]
         self._compute_loss = True
@@ -296,9 +300,9 @@ class PipelineEngine(DeepSpeedEngine):
         self._compute_loss = True
         self._extras.total = None
         self._batch_t0 = self.timers.now()
+        self.total_loss = self.agg_train_loss = None
         self._run(self._train_schedule())
-        assert self.total_loss is not None  # set by the schedule's OptimizerStep
-        self.agg_train_loss = self.total_loss
+        assert self.agg_train_loss is not None  # set by the schedule's OptimizerStep
         self.micro_steps += self.micro_batches
         self.global_samples += self.train_batch_size()
         return self.agg_train_loss
@@ -334,8 +338,10 @@ class PipelineEngine(DeepSpeedEngine):
             with torch.no_grad():
                 self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id, self.chunks))
             out: Any = None
+            self.total_loss = None
             if self.is_last_stage():
                 outs = self._losses
+                self.total_loss = self._loss_sum() if compute_loss else None
                 out = outs if reduce_output is None else self._mean_over_data(outs, m)
             # the monitors (rank 0, the first stage) get it as upstream's eval_loss event
             monitored = monitors_enabled(self.config)
@@ -666,25 +672,28 @@ class PipelineEngine(DeepSpeedEngine):
         # the batch loss rides on the norm's pipe-group sum: the last stage adds it, the
         # others 0, so every stage learns it without a broadcast of its own; so do the
         # additional losses' count and key ([Note: additional losses])
-        ride = torch.zeros(4, dtype=torch.float64, device=self._comm_device)
+        ride = torch.zeros(5, dtype=torch.float64, device=self._comm_device)
         extra: torch.Tensor | None = None
         meta: Meta = ()
         # the sum runs over the tensor slices too: one of them counts the loss
         counts = self._norm_axis is self.layout.pipe or self.layout.tensor.rank == 0
         if self.is_last_stage():  # every rank joins the data-parallel all-reduces
-            loss, values, meta, agreed = self._extras.batch_means(
+            loss, own, values, meta, agreed = self._extras.batch_means(
                 self._losses, self.micro_batches, self.layout.data, self._comm_device
             )
             if counts:
                 ride[0], extra = loss, values
                 ride[1], ride[2] = values.numel(), meta_key(meta)
+                ride[4] = own
             ride[3] = 0.0 if agreed else 1.0
+            self.total_loss = self._loss_sum()
         with self.timers.phase("step"):
             out = self._model_step({}, replicated_sq=sq, pipe_extra=ride)
-        total, n, key, disagreed = out.pipe_sums
+        total, n, key, disagreed, own = out.pipe_sums
         # on the device, as upstream's (code may all-reduce it over NCCL)
-        self.total_loss = torch.tensor(total, dtype=torch.float32, device=self.device)
-        self.metrics.add_loss(self.total_loss)
+        self.agg_train_loss = torch.tensor(total, dtype=torch.float32, device=self.device)
+        self.dp_group_loss = torch.tensor(own, dtype=torch.float32, device=self.device)
+        self.metrics.add_loss(self.agg_train_loss)
         self._extras.share(int(n), key, disagreed, extra, meta, self._norm_axis, self._comm_device)
         self.timers.since(TRAIN_BATCH_TIMER, self._batch_t0)  # before the window below closes
         if self.slow_nodes is not None:
@@ -703,6 +712,11 @@ class PipelineEngine(DeepSpeedEngine):
         return comm.collective_device(self.layout.pipe)
 
     # -- losses --
+    def _loss_sum(self) -> torch.Tensor | None:
+        """Upstream's total_loss: the last stage's sum of the batch's micro-batch losses
+        (scalars: the forward pass refuses any other loss)."""
+        return torch.stack(self._losses).sum() if self._losses else None
+
     def _mean_over_data(self, values: list[Any], m: int) -> Any:
         if not values:
             return None

@@ -109,15 +109,17 @@ def reference(
         from deepspeed_ext.runtime.lr_schedules import get_lr_scheduler
 
         sched = get_lr_scheduler("WarmupLR", opt, {"warmup_num_steps": warmup})
-    losses, aux = [], []
+    losses, aux, sums = [], [], []
     for step in range(steps):
         total, sq = 0.0, 0.0
+        sums.append([0.0] * dp)
         for d in range(dp):
             for ids, labels in data(step, d, gas):
                 logits = model(ids)
                 loss = lm_loss(logits, labels)
                 (loss / (gas * dp)).backward()
                 total += float(loss.detach()) / (gas * dp)
+                sums[-1][d] += float(loss.detach())
                 sq += float(logits.detach().float().pow(2).mean()) / (gas * dp)
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
@@ -129,6 +131,7 @@ def reference(
     return {
         "losses": losses,
         "aux": aux,  # AuxPipe's additional loss: the batch mean of the logits' mean square
+        "sums": sums,  # [step][data rank]: the sum of that rank's micro-batch losses
         "params": [p.detach().clone() for p in model.parameters()],
         "model": model,
     }
@@ -186,11 +189,13 @@ def pipeline_run(
         model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=LR)
     )
     dp_rank = engine.grid.get_data_parallel_id()
-    losses, aux = [], []
+    losses, aux, own, sums = [], [], [], []
     for step in range(steps):
         it = iter(batches(step, dp_rank, gas)) if engine._needs_data() else None
         losses.append(float(engine.train_batch(it)))
         aux.append(float(engine.agg_additional_losses["logits_sq"]))
+        own.append(float(engine.dp_group_loss))
+        sums.append(None if engine.total_loss is None else float(engine.total_loss))
     # this stage's weights, named by global layer index (tied modules by their first use)
     weights = {}
     for name, p in module.named_parameters():
@@ -202,6 +207,8 @@ def pipeline_run(
         "parts": module.parts,
         "losses": losses,
         "aux": aux,
+        "dp_group_loss": own,
+        "total_loss": sums,
         "weights": weights,
         "schedule": engine.schedule_name,
         "unsplit": engine.unsplit_backwards,

@@ -56,9 +56,11 @@ def eval_after_training() -> dict[str, Any]:
     data = pr.batches(99, 0, 3)
     it = iter(data) if engine._needs_data() else None
     loss, logits = engine.eval_batch(it, return_logits=True, num_micro_batches=3)
+    total = engine.total_loss  # the last stage's sum of this eval batch's losses
     again = engine.eval_batch(iter(data) if engine._needs_data() else None)  # gas=2 batches
     return {
         "losses": losses,
+        "total_loss": None if total is None else float(total),
         "on_device": on_device,
         "eval": float(loss),
         "eval2": float(again),

@@ -66,6 +66,14 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
         torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref["losses"]), **tol)
         # the last stage's additional loss, on every stage ([Note: additional losses])
         torch.testing.assert_close(torch.tensor(r["aux"]), torch.tensor(ref["aux"]), **tol)
+        # upstream's: this replica's mean on every stage; the last stage's micro-batch sum
+        own = torch.tensor([sums[r["dp"]] / GAS for sums in ref["sums"]])
+        torch.testing.assert_close(torch.tensor(r["dp_group_loss"]), own, **tol)
+        if r["stage"] == stages - 1:
+            sums = torch.tensor([s[r["dp"]] for s in ref["sums"]])
+            torch.testing.assert_close(torch.tensor(r["total_loss"]), sums, **tol)
+        else:
+            assert r["total_loss"] == [None] * STEPS
     seen = set()
     for r in per_rank:
         assert len(r["parts"]) == stages * _chunks(CASES[case]) + 1

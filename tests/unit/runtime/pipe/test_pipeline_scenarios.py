@@ -39,6 +39,8 @@ def test_eval_batch_matches_the_trained_reference(runs: list[dict]) -> None:
         assert r["eval"]["on_device"]
         close([r["eval"]["eval"]], [sum(per_mb) / 3])
         close([r["eval"]["eval2"]], [sum(per_mb[:2]) / 2])  # gas micro-batches by default
+    assert runs[0]["eval"]["total_loss"] is None  # upstream's total_loss: the last stage's
+    close([runs[1]["eval"]["total_loss"]], [sum(per_mb)])
     assert runs[0]["eval"]["logits"] is None  # logits live on the last stage
     assert runs[1]["eval"]["logits"] == [pr.MICRO, pr.SEQ, pr.VOCAB]
 
