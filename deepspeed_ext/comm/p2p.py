@@ -15,7 +15,9 @@ Before the first packet the receiver knows no size, so the first message (and an
 comes before any packet) is a 2-word hello [code, meta length]. Sends are non-blocking (the
 receiver posts its receives in schedule order, so a schedule that is valid when simulated in
 one process cannot deadlock); each send's buffer is kept alive until its work completes,
-and a few are then reused for later packets (header and views made once).
+and a few are then reused for later packets (header and views made once); a channel of
+fixed shapes makes its next packet right after a send, so that only the copy runs between
+the stage's compute and its send (gloo reports a send complete only once waited for).
 A receiver told how many messages are still to come (expect(n), from the engine's count of
 its schedule's receives) posts the next one's receive as soon as a packet is in: a message
 is then read off the wire when it comes, while the stage computes, instead of when the
@@ -218,13 +220,15 @@ class PipeChannel:
             self._free.clear()
         self.reshape_next = False
         if self.split is None:
-            # a packet whose send completed, header and views made once: the send path is
-            # the pipeline's critical path, run by a core just woken from waiting
+            # a packet whose send completed, or one made after the last send: between the
+            # stage's compute and its send (the critical path) only the copy runs
             self._reap()
             reuse = self._free.pop() if self._free else self._new_packet(meta)
             for view, t in zip(reuse.views, tensors):
                 view.copy_(t.detach())
             self._post(reuse.buf, reuse)
+            if not self._free and not self.dynamic:
+                self._free.append(self._new_packet(meta))
         else:
             packet = self._packet(meta, _OK, 0)
             self._copy_part(packet, tensors, meta)
