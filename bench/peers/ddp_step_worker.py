@@ -51,6 +51,18 @@ def _isolate_from_repo() -> None:
     sys.path[:] = [p for p in sys.path if inside(p)]
 
 
+def use_upstream() -> None:
+    """Upstream only, before torch is imported: isolated from the repository, on the CPU
+    accelerator, its ops loaded from where setup_upstream.sh built them (elsewhere the first
+    job would JIT-build them again)."""
+    _isolate_from_repo()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault(
+        "TORCH_EXTENSIONS_DIR",
+        os.environ.get("DS_UPSTREAM_TORCH_EXT") or os.path.join(sys.prefix, "torch_extensions"),
+    )
+
+
 def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--impl", choices=("ours", "ddp", "upstream"), required=True)
@@ -136,12 +148,7 @@ def main() -> int:
     sys.stdout = sys.stderr
 
     if args.impl == "upstream":
-        _isolate_from_repo()
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        os.environ.setdefault(
-            "TORCH_EXTENSIONS_DIR",
-            os.environ.get("DS_UPSTREAM_TORCH_EXT") or os.path.join(sys.prefix, "torch_extensions"),
-        )
+        use_upstream()
 
     import torch
     import torch.distributed as dist

@@ -245,7 +245,7 @@ def _torch_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> An
 def main() -> int:
     args = _parse()
     if args.impl == "upstream":
-        ddw._isolate_from_repo()
+        ddw.use_upstream()
     import torch
     import torch.distributed as dist
 

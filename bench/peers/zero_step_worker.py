@@ -159,12 +159,7 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     if args.impl == "upstream":
-        ddw._isolate_from_repo()
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        os.environ.setdefault(
-            "TORCH_EXTENSIONS_DIR",
-            os.environ.get("DS_UPSTREAM_TORCH_EXT") or os.path.join(sys.prefix, "torch_extensions"),
-        )
+        ddw.use_upstream()
 
     import torch
     import torch.distributed as dist
