@@ -132,6 +132,9 @@ def _scenario() -> dict[str, Any]:
     except RuntimeError as e:
         errors.append(str(e))
     out["errors"] = errors
+    # rank 0 holds the store: leaving first, it would break a peer still creating the last
+    # engine's groups (its refused offload returns at once)
+    torch.distributed.barrier()
     return out
 
 
