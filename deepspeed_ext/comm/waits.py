@@ -37,15 +37,24 @@ def take() -> float:
 
 
 class TimedWork:
-    """An async collective's handle whose wait() counts as time blocked."""
+    """An async collective's handle whose wait() counts as time blocked. Waiting again on
+    a handle that completed returns at once: a second wait on a gloo send or receive blocks
+    forever (its transfer is gone), and callers such as deepspeed.runtime.pipe.p2p's wait()
+    may wait on handles their caller already waited on. A handle not yet complete (NCCL
+    waited on one stream, now on another) is waited again."""
 
     def __init__(self, work: Any) -> None:
         self._work = work
+        self._waited = False
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if self._waited and self._work.is_completed():
+            return True
         t0 = time.perf_counter()
         try:
-            return self._work.wait(*args, **kwargs)
+            out = self._work.wait(*args, **kwargs)
+            self._waited = True
+            return out
         finally:
             add(time.perf_counter() - t0)
 

@@ -96,11 +96,6 @@ def channels() -> dict[str, Any]:
     return out
 
 
-class _Waited:
-    def wait(self) -> None:
-        pass
-
-
 def _early_receives(peer: int, stage: int) -> dict[str, Any]:
     """A receiver told how many messages come posts each next receive early (the engine's
     expect()): the next message lands while the last one's views stay intact, until the
@@ -127,9 +122,7 @@ def _early_receives(peer: int, stage: int) -> dict[str, Any]:
         views = ch.recv(slot=step % 2)
         posted.append(ch._early is not None)
         if ch._early is not None:  # let the next message land in the spare buffer now
-            work, spare = ch._early
-            work.wait()
-            ch._early = (_Waited(), spare)  # a gloo work waits only once
+            ch._early[0].wait()
         # the other slot's views (the previous message) survive the next one's landing
         intact.append(all(torch.equal(a, b) for a, b in zip(held, _tensors(step - 1))))
         held = list(views)
