@@ -400,8 +400,7 @@ class PipeChannel:
             return
         spare, self._spare = self._spare, None
         if spare is None:
-            buf = torch.empty(_layout(self.recv_meta)[1], dtype=torch.uint8, device=self.device)
-            spare = (buf, _views(buf, self.recv_meta))
+            spare = self._recv_buffer()
         self._early = (dist.irecv(spare[0], self.peer, tag=self.tag), spare)
         self.early_receives += 1
 
@@ -451,12 +450,18 @@ class PipeChannel:
     def _slot(self, slot: int) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         assert self.recv_meta is not None
         if slot not in self._slots:
-            size = _layout(self.recv_meta)[1]
-            if self.split is not None:
-                size = _HEAD + self.split.size * _part_size(self.recv_meta, self.split.size)
-            buf = torch.empty(size, dtype=torch.uint8, device=self.device)
-            self._slots[slot] = (buf, _views(buf, self.recv_meta))
+            self._slots[slot] = self._recv_buffer()
         return self._slots[slot]
+
+    def _recv_buffer(self) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """A buffer for one message of recv_meta (split: room for every rank's part), and
+        the views of its tensors."""
+        assert self.recv_meta is not None
+        size = _layout(self.recv_meta)[1]
+        if self.split is not None:
+            size = _HEAD + self.split.size * _part_size(self.recv_meta, self.split.size)
+        buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+        return buf, _views(buf, self.recv_meta)
 
 
 _PRINT_CHUNK = 1 << 20  # elements per step of a fingerprint (bounded scratch memory)

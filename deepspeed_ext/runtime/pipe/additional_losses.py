@@ -63,7 +63,7 @@ class AdditionalLosses:
 
     def batch_means(
         self, losses: list[torch.Tensor], m: int, data: Any, device: torch.device
-    ) -> tuple[torch.Tensor, float, torch.Tensor, Meta, bool]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Meta, bool]:
         """The last stage's batch loss and additional losses, each the mean over the m
         micro-batches and the data-parallel group `data`: loss, this rank's own mean of the
         loss (upstream's dp_group_loss), the rest flat, their meta, and
@@ -77,7 +77,6 @@ class AdditionalLosses:
         n, key = float(sum(t.numel() for _, t in extra)), meta_key(meta, bits=20)
         head = torch.tensor([0.0, n, key, n * n, key * key], dtype=torch.float64).to(device)
         head[0] = loss
-        own = float(head[0])
         comm.all_reduce(head, group=data)
         total, sn, sk, sn2, sk2 = head.tolist()
         agreed = dp * sn2 == sn * sn and dp * sk2 == sk * sk
@@ -86,7 +85,7 @@ class AdditionalLosses:
             flat = torch.cat([t.reshape(-1) for _, t in extra]).to(device) / m
             comm.all_reduce(flat, group=data)
             flat /= dp
-        return torch.tensor(total / dp), own, flat, meta, agreed
+        return torch.tensor(total / dp), loss, flat, meta, agreed
 
     def share(
         self,

@@ -678,13 +678,13 @@ class PipelineEngine(DeepSpeedEngine):
         # the sum runs over the tensor slices too: one of them counts the loss
         counts = self._norm_axis is self.layout.pipe or self.layout.tensor.rank == 0
         if self.is_last_stage():  # every rank joins the data-parallel all-reduces
-            loss, own, values, meta, agreed = self._extras.batch_means(
+            loss, mine, values, meta, agreed = self._extras.batch_means(
                 self._losses, self.micro_batches, self.layout.data, self._comm_device
             )
             if counts:
                 ride[0], extra = loss, values
                 ride[1], ride[2] = values.numel(), meta_key(meta)
-                ride[4] = own
+                ride[4] = mine
             ride[3] = 0.0 if agreed else 1.0
             self.total_loss = self._loss_sum()
         with self.timers.phase("step"):
