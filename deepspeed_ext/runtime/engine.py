@@ -77,6 +77,9 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self.dp_rank = self.layout.data.rank
         self.mp_world_size = self.layout.model.size
         self.config = config
+        # upstream's attribute: what save_checkpoint hands a PipelineModule's layer-file
+        # hooks ([Note: layer file hooks]); code written for upstream calls it too
+        self.checkpoint_engine = ckpt.TorchCheckpointEngine()
         source = (
             "the torch.distributed world size"
             if mpu is None and autotp_size == 1
@@ -479,9 +482,10 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         """More keys for the model-states file (written by data-parallel rank 0)."""
         return {}
 
-    def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
-        """The model-states file to load, as the strategy reads it; from a checkpoint saved
-        at another tensor-parallel size, this rank's cut of it ([Note: AutoTP checkpoints])."""
+    def _checkpoint_state(self, ckpt_dir: Any, path: Any, strict: bool) -> dict[str, Any]:
+        """The model-states file to load, as the strategy reads it (which applies strict);
+        from a checkpoint saved at another tensor-parallel size, this rank's cut of it
+        ([Note: AutoTP checkpoints])."""
         state, self._ckpt_saved = ckpt.tensor_slices.state_to_load(self, ckpt_dir, path)
         return state
 

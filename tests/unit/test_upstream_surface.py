@@ -51,6 +51,8 @@ SURFACE = {
         "OffloadDeviceEnum",
     ],
     "deepspeed.runtime.utils": ["RepeatingLoader", "see_memory_usage"],
+    "deepspeed.runtime.checkpoint_engine.checkpoint_engine": ["CheckpointEngine"],
+    "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine": ["TorchCheckpointEngine"],
     "deepspeed.runtime.pipe.p2p": [
         "can_send_recv",
         "init_process_groups",
@@ -152,6 +154,33 @@ def test_upstream_names_are_at_their_paths(module: str):
     m = importlib.import_module(module)
     missing = [n for n in SURFACE[module] if not hasattr(m, n)]
     assert missing == [], f"{module} lacks {missing}"
+
+
+def test_torch_checkpoint_engine_writes_and_reads_files(tmp_path):
+    """What a PipelineModule's layer-file hooks are handed: torch.save, the weights-only
+    loader (an arbitrary object is refused with the file's name), upstream's queries."""
+    import pathlib
+
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+        TorchCheckpointEngine,
+    )
+
+    files = TorchCheckpointEngine()
+    where = tmp_path / "a" / "b"
+    files.makedirs(str(where), exist_ok=True)
+    w = torch.arange(4.0)
+    files.save({"w": w}, str(where / "x.pt"))
+    assert torch.equal(files.load(str(where / "x.pt"))["w"], w)
+    assert files.load(str(where / "x.pt"), map_location="cpu")["w"].device.type == "cpu"
+    assert files.preserves_storage_sharing() and not files.is_decoupled()
+    assert files.is_data_parallel_writer(0) and not files.is_data_parallel_writer(1)
+    assert files.commit(None) is True
+    torch.save({"p": pathlib.PurePosixPath("x")}, where / "odd.pt")
+    with pytest.raises(Exception, match="odd.pt"):
+        files.load(str(where / "odd.pt"))
+    with pytest.raises(TypeError):
+        CheckpointEngine()  # abstract: save and load are a subclass's
 
 
 def test_ops_and_utils_groups_after_a_plain_import():

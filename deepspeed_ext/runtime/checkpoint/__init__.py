@@ -1,4 +1,5 @@
 from . import tensor_slices
+from .checkpoint_engine import CheckpointEngine, TorchCheckpointEngine
 from .clone import clone_tensors_for_torch_save
 from .engine_io import RankFileReader, load_checkpoint, save_checkpoint
 from .layout import model_states_name
@@ -7,6 +8,7 @@ from .safe_load import load as load_state_file
 from .weights16 import consolidated_state_dict, save_16bit_model
 
 __all__ = [
+    "CheckpointEngine",
     "CheckpointError",
     "RankFileReader",
     "clone_tensors_for_torch_save",
@@ -16,5 +18,6 @@ __all__ = [
     "model_states_name",
     "save_16bit_model",
     "save_checkpoint",
+    "TorchCheckpointEngine",
     "tensor_slices",
 ]

@@ -148,7 +148,7 @@ def load_checkpoint(
             return None, None
     mp_rank = engine.layout.model.rank
     path = load_dir / str(tag) / layout.model_states_name(mp_rank)
-    state = engine._checkpoint_state(load_dir / str(tag), path)
+    state = engine._checkpoint_state(load_dir / str(tag), path, load_module_strict)
     files = RankFileReader(path.parent, mp_rank)
     engine.strategy.load_model_state(state, load_module_strict, files)
     if not load_module_only:

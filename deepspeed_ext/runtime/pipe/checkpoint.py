@@ -36,31 +36,13 @@ import torch
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.zero.named_state import NamedState, from_stage0, from_zero
 
-from ..checkpoint import RankFileReader, clone_tensors_for_torch_save, load_state_file
+from ..checkpoint import RankFileReader, load_state_file
 from ..checkpoint.layout import model_states_name
-from .spec import TiedLayerSpec
+from .layer_files import layer_file, layer_path, local_layers, tied_file_index
+from .module import PipelineModule
 
 if TYPE_CHECKING:
     from .engine import PipelineEngine
-    from .module import PipelineModule
-
-
-def layer_file(module: PipelineModule, idx: int) -> str:
-    rank_repr = module.topology().get_rank_repr(module.global_rank)
-    return f"layer_{idx:02d}" + (f"-{rank_repr}" if rank_repr else "") + "-model_states.pt"
-
-
-def local_layers(module: PipelineModule) -> list[tuple[int, torch.nn.Module, str]]:
-    """(global index, module, its state-dict prefix in the PipelineModule) per local layer
-    that has state."""
-    out = []
-    for idx, fn in zip(module.local_layer_indices(), module.forward_funcs):
-        spec = module._layer_specs[idx]
-        if isinstance(spec, TiedLayerSpec):
-            out.append((idx, module.tied_modules[spec.key], f"tied_modules.{spec.key}."))
-        elif isinstance(fn, torch.nn.Module):
-            out.append((idx, fn, f"{idx}."))
-    return out
 
 
 def _module(engine: PipelineEngine) -> PipelineModule:
@@ -69,12 +51,8 @@ def _module(engine: PipelineEngine) -> PipelineModule:
 
 def extras(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> dict[str, Any]:
     module = _module(engine)
-    for idx, layer, _ in local_layers(module):
-        sd = layer.state_dict()
-        if exclude_frozen:
-            frozen = {n for n, p in layer.named_parameters() if not p.requires_grad}
-            sd = {k: v for k, v in sd.items() if k not in frozen}
-        torch.save(clone_tensors_for_torch_save(sd), tmp / layer_file(module, idx))
+    # [Note: layer file hooks]: a subclass's save_state_dict writes them if it has one
+    module.save_state_dict(str(tmp), engine.checkpoint_engine, exclude_frozen_params=exclude_frozen)
     names = getattr(engine.strategy, "param_names", None)
     return {
         "module": None,
@@ -84,23 +62,28 @@ def extras(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> dict[str,
             "parts": [int(x) for x in module.parts],
             "param_names": names() if names is not None else None,
             # global layer index -> its state-dict prefix (zero_to_fp32 names by it)
-            "layer_prefixes": {str(i): prefix for i, _, prefix in local_layers(module)},
+            "layer_prefixes": {str(i): prefix for _, i, _, prefix in local_layers(module)},
         },
     }
 
 
 def module_from_layers(module: PipelineModule, ckpt_dir: Path) -> dict[str, torch.Tensor]:
-    """This stage's module state, from the layer files of the layers it owns now (a tied
-    layer without a file of its own, as upstream writes a forward_fn use: its key's)."""
+    """This stage's module state, from the layer files of the layers it owns now."""
     out: dict[str, torch.Tensor] = {}
-    for idx, _, prefix in local_layers(module):
-        f = ckpt_dir / layer_file(module, idx)
-        spec = module._layer_specs[idx]
-        if not f.exists() and isinstance(spec, TiedLayerSpec):
-            f = ckpt_dir / layer_file(module, _tied_file_index(ckpt_dir, module, spec.key))
-        sd = load_state_file(f)
+    for local, idx, _, prefix in local_layers(module):
+        sd = load_state_file(layer_path(module, ckpt_dir, local, idx))
         out.update({prefix + k: v for k, v in sd.items()})
     return out
+
+
+def _module_state(engine: PipelineEngine, ckpt_dir: Path, strict: bool) -> dict[str, torch.Tensor]:
+    """The module state to load: read from the layer files, or, when the module's class
+    overrides load_state_dir, what that left in the module ([Note: layer file hooks])."""
+    module = _module(engine)
+    if type(module).load_state_dir is PipelineModule.load_state_dir:
+        return module_from_layers(module, ckpt_dir)
+    module.load_state_dir(str(ckpt_dir), engine.checkpoint_engine, strict=strict)
+    return {k: v.detach() for k, v in module.state_dict().items()}
 
 
 def _written_upstream(first: dict[str, Any], ckpt_dir: Path) -> bool:
@@ -108,7 +91,9 @@ def _written_upstream(first: dict[str, Any], ckpt_dir: Path) -> bool:
     return first.get("module", 0) is None and any(ckpt_dir.glob("layer_*-model_states.pt"))
 
 
-def state_for_load(engine: PipelineEngine, ckpt_dir: Path, path: Path) -> dict[str, Any]:
+def state_for_load(
+    engine: PipelineEngine, ckpt_dir: Path, path: Path, strict: bool
+) -> dict[str, Any]:
     first = load_state_file(ckpt_dir / model_states_name(0))
     engine._ckpt_upstream = "pipeline" not in first and _written_upstream(first, ckpt_dir)
     if "pipeline" in first:
@@ -124,7 +109,7 @@ def state_for_load(engine: PipelineEngine, ckpt_dir: Path, path: Path) -> dict[s
         )
     same = stages == (engine.num_stages, _module(engine).virtual_stages)
     state = load_state_file(path) if same else dict(first)
-    state["module"] = module_from_layers(_module(engine), ckpt_dir)
+    state["module"] = _module_state(engine, ckpt_dir, strict)
     engine._ckpt_same_layout = same
     return state
 
@@ -206,17 +191,8 @@ def _saved_stage_weights(
         head, _, rest = name.partition(".")
         if head == "tied_modules":
             key, _, rest = rest.partition(".")
-            idx = _tied_file_index(ckpt_dir, module, key)
+            idx = tied_file_index(ckpt_dir, module, key)
         else:
             idx = int(head)
         out[name] = load_state_file(ckpt_dir / layer_file(module, idx))[rest]
     return out
-
-
-def _tied_file_index(ckpt_dir: Path, module: PipelineModule, key: str) -> int:
-    """Every use of a tied key is saved: the first one's file."""
-    for i, s in enumerate(module._layer_specs):
-        if isinstance(s, TiedLayerSpec) and s.key == key:
-            if (ckpt_dir / layer_file(module, i)).exists():
-                return i
-    raise CheckpointError(f"{ckpt_dir} has no layer file for the tied weights {key!r}")

@@ -8,26 +8,8 @@ from typing import Any
 
 from .module import DEFAULT_CHECKPOINTS, PipelineModule
 
-# upstream's PipelineModule checkpoint hooks: this engine writes and reads the layer files
-# itself ([Note: pipeline checkpoint]), so a subclass's version would never be called
-_CHECKPOINT_HOOKS = (
-    "save_state_dict",
-    "load_state_dir",
-    "ckpt_prefix",
-    "ckpt_layer_path",
-    "ckpt_layer_path_list",
-)
-
 
 def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None:
-    hooks = [name for name in _CHECKPOINT_HOOKS if hasattr(type(module), name)]
-    if hooks:
-        raise ValueError(
-            f"{type(module).__name__} defines {', '.join(hooks)}: upstream's pipeline engine "
-            "calls these to save and load layer files, but this engine writes and reads them "
-            "itself (upstream's layout), so they would never be called. Remove them, or save "
-            "and load extra state through save_checkpoint's client_state"
-        )
     if mpu is not None and mpu is not module.mpu():
         raise ValueError(
             "deepspeed.initialize(mpu=...) with a PipelineModule: the module's topology "

@@ -269,8 +269,8 @@ class PipelineEngine(DeepSpeedEngine):
     def _checkpoint_extras(self, tmp: Any, exclude_frozen: bool) -> dict[str, Any]:
         return pipe_ckpt.extras(self, tmp, exclude_frozen)
 
-    def _checkpoint_state(self, ckpt_dir: Any, path: Any) -> dict[str, Any]:
-        return pipe_ckpt.state_for_load(self, ckpt_dir, path)
+    def _checkpoint_state(self, ckpt_dir: Any, path: Any, strict: bool) -> dict[str, Any]:
+        return pipe_ckpt.state_for_load(self, ckpt_dir, path, strict)
 
     def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
         pipe_ckpt.load_optimizer(self, state, files)

@@ -11,6 +11,8 @@ step ([Note: tied weights] in pipe/tied.py).
 from __future__ import annotations
 
 import functools
+import glob
+import os
 import random
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +23,8 @@ from deepspeed_ext import comm
 from deepspeed_ext.comm import PipelineParallelGrid, ProcessTopology
 from deepspeed_ext.comm.topology import PipeDataParallelTopology
 
+from ..checkpoint.checkpoint_engine import CheckpointEngine, TorchCheckpointEngine
+from . import layer_files
 from .partition import partition_layers
 from .spec import LayerSpec, TiedLayerSpec
 from .tied import TiedWeights
@@ -248,6 +252,47 @@ class PipelineModule(torch.nn.Module):
 
     def partitions(self) -> list[int]:
         return list(self.parts)
+
+    # -- upstream's checkpoint hooks: a subclass may override them ([Note: layer file hooks])
+    def ckpt_prefix(self, checkpoints_path: str, tag: Any) -> str:
+        """A prefix for this rank's files: "<path>/<tag>/module-pipe_01-model_00"-style (the
+        data axis left out: its ranks hold the same layers)."""
+        coord = self._topo.get_coord(self.global_rank)
+        name = "module" + "".join(
+            f"-{axis}_{getattr(coord, axis):02d}"
+            for axis in self._topo.get_axis_names()
+            if axis != "data"
+        )
+        return os.path.join(checkpoints_path, str(tag), name)
+
+    def ckpt_layer_path(self, ckpt_dir: str, local_layer_idx: int) -> str:
+        """The file of this rank's local_layer_idx-th layer (upstream's name, by the layer's
+        global index)."""
+        idx = self.local_layer_indices()[local_layer_idx]
+        return os.path.join(ckpt_dir, layer_files.layer_file(self, idx))
+
+    def ckpt_layer_path_list(self, ckpt_dir: str, local_layer_idx: int) -> list[str]:
+        """Every file of that layer in ckpt_dir (one per tensor-parallel rank), sorted."""
+        idx = self.local_layer_indices()[local_layer_idx]
+        return sorted(glob.glob(os.path.join(ckpt_dir, f"layer_{idx:02d}-*model_states.pt")))
+
+    def save_state_dict(
+        self,
+        save_dir: str,
+        checkpoint_engine: CheckpointEngine | None = None,
+        exclude_frozen_params: bool = False,
+    ) -> None:
+        """Write this rank's layer files into save_dir (data-parallel rank 0 only)."""
+        files = checkpoint_engine or TorchCheckpointEngine()
+        layer_files.save_layers(self, save_dir, files, exclude_frozen_params)
+
+    def load_state_dir(
+        self, load_dir: str, checkpoint_engine: CheckpointEngine | None = None, strict: bool = True
+    ) -> None:
+        """Load this rank's layers from the layer files in load_dir (a checkpoint's tag
+        directory), e.g. pretrained weights before training."""
+        files = checkpoint_engine or TorchCheckpointEngine()
+        layer_files.load_layers(self, load_dir, files, strict)
 
     def set_checkpoint_interval(self, interval: int) -> None:
         self.activation_checkpoint_interval = interval

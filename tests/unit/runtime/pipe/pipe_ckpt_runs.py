@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.runtime.pipe import PipelineModule
+
 from . import pipe_runs as pr
 
 GAS = 2
@@ -16,7 +18,6 @@ GAS = 2
 
 def _engine(stages: int, zero: int, gas: int, dtype: str) -> Any:
     from deepspeed_ext.runtime.initialize import initialize
-    from deepspeed_ext.runtime.pipe import PipelineModule
 
     module = PipelineModule(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
     cfg: dict[str, Any] = {
@@ -49,6 +50,7 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     first = _engine(2, zero, GAS, dtype)
     losses = [_step(first, s) for s in range(2)]
     first.save_checkpoint(where, client_state={"note": "hi"})
+    saved = {k: v.clone() for k, v in first.module.state_dict().items()}
     cont = [_step(first, s) for s in range(2, 4)]
     same = _engine(2, zero, GAS, dtype)
     _, client = same.load_checkpoint(where)
@@ -59,7 +61,14 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     wide = _engine(1, zero, GAS // 2, dtype)  # 1 stage x 4 data ranks
     wide.load_checkpoint(where)
     widened = [_step(wide, s) for s in range(2, 4)]
+    # upstream's default load_state_dir on a fresh module (other initial weights): each
+    # stage's layers from their files (local index -> its global layer's file)
+    fresh = PipelineModule(pr.specs(), num_stages=2, loss_fn=pr.lm_loss, base_seed=99)
+    differed = any(not torch.equal(v, saved[k]) for k, v in fresh.state_dict().items())
+    fresh.load_state_dir(str(where / "global_step2"))
+    loaded = {k: torch.equal(v, saved[k].to(v.dtype)) for k, v in fresh.state_dict().items()}
     return {
+        "load_state_dir": (differed, loaded),
         "losses": losses,
         "continued": cont,
         "same_layout": again,

@@ -40,6 +40,15 @@ def test_resume(runs: list[list[dict]], case: int) -> None:
         assert r["steps"] == (4, 4)
 
 
+def test_default_load_state_dir_loads_each_stages_layers(runs: list[list[dict]]) -> None:
+    """Upstream's PipelineModule.load_state_dir, called on a fresh 2-stage module (other
+    initial weights), gives every rank the weights saved (bf16: the layer files hold bf16
+    weights, read into the fp32 module exactly)."""
+    for r in (x[case] for x in runs for case in range(len(CASES))):
+        differed, loaded = r["load_state_dir"]
+        assert differed and loaded and all(loaded.values()), loaded
+
+
 def test_upstream_file_layout(runs: list[list[dict]]) -> None:
     files = runs[0][1]["files"]  # ZeRO 1
     layers = [f for f in files if f.startswith("layer_")]

@@ -3,6 +3,7 @@ the engine's API, and the config it refuses by name before any collective."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -27,12 +28,12 @@ REFUSED = {
 }
 
 
-def _module(**kw: Any) -> Any:
+def _module(cls: Any = None, **kw: Any) -> Any:
     from deepspeed_ext.runtime.pipe import PipelineModule
 
     args: dict[str, Any] = dict(num_stages=1, loss_fn=pr.lm_loss, seed_layers=True)
     args.update(kw)
-    return PipelineModule(pr.specs(), **args)
+    return (cls or PipelineModule)(pr.specs(), **args)
 
 
 def _config(**extra: Any) -> dict[str, Any]:
@@ -43,7 +44,47 @@ def _adamw(groups: Any) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=pr.LR)
 
 
-def checks() -> dict[str, Any]:
+def _own_layer_files(root: str) -> dict[str, Any]:
+    """A subclass overriding upstream's layer-file hooks: its names, its extra file, its
+    load (called with load_module_strict), and a resume that continues as the original."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    calls: list[Any] = []
+
+    class OwnFiles(PipelineModule):
+        def ckpt_layer_path(self, ckpt_dir: str, local_layer_idx: int) -> str:
+            return os.path.join(ckpt_dir, f"mine_{local_layer_idx}.pt")
+
+        def save_state_dict(
+            self, save_dir: str, checkpoint_engine: Any, exclude_frozen_params: bool = False
+        ) -> None:
+            super().save_state_dict(save_dir, checkpoint_engine, exclude_frozen_params)
+            checkpoint_engine.save({"note": torch.tensor(7)}, os.path.join(save_dir, "extra.pt"))
+
+        def load_state_dir(
+            self, load_dir: str, checkpoint_engine: Any, strict: bool = True
+        ) -> None:
+            extra = checkpoint_engine.load(os.path.join(load_dir, "extra.pt"))
+            calls.append((strict, int(extra["note"])))
+            super().load_state_dir(load_dir, checkpoint_engine, strict)
+
+    first, *_ = initialize(model=_module(cls=OwnFiles), config=_config(), optimizer=_adamw)
+    for s in range(2):
+        first.train_batch(iter(pr.batches(s, 0, 2)))
+    first.save_checkpoint(root, tag="t")
+    cont = float(first.train_batch(iter(pr.batches(2, 0, 2))))
+    other = _module(cls=OwnFiles, base_seed=99)  # other initial weights
+    again, *_ = initialize(model=other, config=_config(), optimizer=_adamw)
+    again.load_checkpoint(root, tag="t", load_module_strict=False)
+    return {
+        "files": sorted(os.listdir(os.path.join(root, "t"))),
+        "calls": calls,
+        "continued": (cont, float(again.train_batch(iter(pr.batches(2, 0, 2))))),
+    }
+
+
+def checks(root: str) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
 
     out: dict[str, Any] = {}
@@ -89,16 +130,7 @@ def checks() -> dict[str, Any]:
         lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
     )
     out["seeded"] = _seeded_dropout()
-    from deepspeed_ext.runtime.pipe import PipelineModule
-
-    class OwnSaving(PipelineModule):
-        def save_state_dict(self, save_dir: Any, checkpoint_engine: Any) -> None:
-            raise AssertionError("never called here")
-
-    own = OwnSaving(pr.specs(), num_stages=1, loss_fn=pr.lm_loss)
-    out["own_saving"] = error_text(
-        lambda: initialize(model=own, config=_config(), optimizer=_adamw)
-    )
+    out["own_files"] = _own_layer_files(root)
     for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
         odd = _module()
         odd.get_additional_losses = lambda returned=returned: returned  # type: ignore[method-assign]
@@ -125,8 +157,8 @@ def _seeded_dropout() -> list[bool]:
 
 
 @pytest.fixture(scope="module")
-def res() -> dict[str, Any]:
-    return run_ranks(checks, 1)[0]
+def res(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_ranks(checks, 1, str(tmp_path_factory.mktemp("pipe_single")))[0]
 
 
 def test_one_stage_matches_the_reference(res: dict[str, Any]) -> None:
@@ -182,7 +214,13 @@ def test_seed_layers_seeds_each_layer_of_each_forward_as_upstream(res: dict[str,
     assert res["seeded"] == [True, True, True]
 
 
-def test_upstreams_checkpoint_hooks_in_a_subclass_are_refused_by_name(res: dict[str, Any]) -> None:
-    """This engine writes the layer files itself: an override would never run."""
-    assert res["own_saving"].startswith("ValueError"), res["own_saving"]
-    assert "OwnSaving defines save_state_dict" in res["own_saving"]
+def test_upstreams_layer_file_hooks_in_a_subclass_are_honoured(res: dict[str, Any]) -> None:
+    """save_checkpoint writes through the subclass's save_state_dict and names;
+    load_checkpoint calls its load_state_dir with load_module_strict, and the resumed run
+    continues as the original did (other initial weights: the load did it)."""
+    own = res["own_files"]
+    layers = [f for f in own["files"] if f.startswith(("mine_", "layer_"))]
+    assert layers == [f"mine_{i}.pt" for i in range(len(layers))] and len(layers) >= 3
+    assert "extra.pt" in own["files"] and "mp_rank_00_model_states.pt" in own["files"]
+    assert own["calls"] == [(False, 7)]
+    assert own["continued"][0] == own["continued"][1]
