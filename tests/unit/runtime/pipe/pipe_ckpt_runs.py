@@ -67,8 +67,16 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     differed = any(not torch.equal(v, saved[k]) for k, v in fresh.state_dict().items())
     fresh.load_state_dir(str(where / "global_step2"))
     loaded = {k: torch.equal(v, saved[k].to(v.dtype)) for k, v in fresh.state_dict().items()}
+    tag_dir = str(where / "global_step2")
     return {
         "load_state_dir": (differed, loaded),
+        "names": (
+            first.module.ckpt_prefix(str(where), "global_step2"),
+            [Path(f).name for f in first.module.ckpt_layer_path_list(tag_dir, 0)],
+            Path(first.module.ckpt_layer_path(tag_dir, 0)).name,
+            first.module.local_layer_indices()[0],
+            first.stage_id,
+        ),
         "losses": losses,
         "continued": cont,
         "same_layout": again,

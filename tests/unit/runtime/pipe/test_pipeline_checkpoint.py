@@ -49,6 +49,15 @@ def test_default_load_state_dir_loads_each_stages_layers(runs: list[list[dict]])
         assert differed and loaded and all(loaded.values()), loaded
 
 
+def test_upstreams_layer_file_names(runs: list[list[dict]]) -> None:
+    """ckpt_prefix leaves the data axis out; a local layer index names its global layer."""
+    for r in (x[0] for x in runs):
+        prefix, listed, path, first_layer, stage = r["names"]
+        assert prefix.endswith(f"global_step2/module-pipe_{stage:02d}"), prefix
+        assert listed == [path] == [f"layer_{first_layer:02d}-model_states.pt"]
+        assert (first_layer == 0) == (stage == 0)
+
+
 def test_upstream_file_layout(runs: list[list[dict]]) -> None:
     files = runs[0][1]["files"]  # ZeRO 1
     layers = [f for f in files if f.startswith("layer_")]
