@@ -64,6 +64,8 @@ SURFACE = {
     ],
     "deepspeed.runtime.pipe.engine": [
         "BATCH_INPUT_TIMER",
+        "DATA_PARALLEL_ID",
+        "LOG_STAGE",
         "PIPE_RECV_GRAD_TIMER",
         "PIPE_RECV_INPUT_TIMER",
         "PIPE_SEND_GRAD_TIMER",

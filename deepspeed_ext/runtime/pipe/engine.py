@@ -32,6 +32,7 @@ from .additional_losses import AdditionalLosses, Meta, meta_key
 from .checks import check_pipeline_config, schedule_for
 from .module import PipelineModule
 from .split_backward import SplitPlan, plan_split
+from .upstream_helpers import PipeUpstreamHelpers
 
 # wall_clock_breakdown's pipeline timings, by upstream's names: on the metrics line and the
 # monitors as <name>_ms, summed over the window. train_batch runs from train_batch()'s start
@@ -68,7 +69,7 @@ def _to_device(x: Any, device: torch.device) -> Any:
     return x
 
 
-class PipelineEngine(DeepSpeedEngine):
+class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     _engines = 0  # engines built in this process: tags their p2p messages
 
     def __init__(self, model: PipelineModule, config: Any, mpu: Any = None, **kwargs: Any) -> None:

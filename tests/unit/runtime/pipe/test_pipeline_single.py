@@ -84,6 +84,39 @@ def _own_layer_files(root: str) -> dict[str, Any]:
     }
 
 
+def _upstream_helpers(engine: Any) -> dict[str, Any]:
+    """Upstream's print helpers: log_for_device is off until its module switches select this
+    stage (set at upstream's import path); tput_log prints at steps_per_print steps."""
+    import contextlib
+    import io
+
+    import deepspeed.runtime.pipe.engine as upstream_path
+
+    def printed(fn: Any, *msg: Any) -> str:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            fn(*msg)
+        return buf.getvalue()
+
+    out = {"off": printed(engine.log_for_device, "hello")}
+    upstream_path.LOG_STAGE, upstream_path.DATA_PARALLEL_ID = 0, -1
+    try:
+        out["on"] = printed(engine.log_for_device, "hello")
+    finally:
+        upstream_path.LOG_STAGE, upstream_path.DATA_PARALLEL_ID = -2, -2
+    out["tput_unset"] = printed(engine.tput_log, "tput")  # steps_per_print unset: never
+    engine.steps_per_print = lambda: 10
+    steps = engine.global_steps
+    out["tput_off"] = printed(engine.tput_log, "tput")  # 3 steps, printing every 10
+    engine.global_steps = 10
+    out["tput_on"] = printed(engine.tput_log, "tput")
+    engine.global_steps = steps
+    del engine.steps_per_print
+    out["extra"] = engine.get_additional_losses() is engine.agg_additional_losses
+    out["ids"] = engine.ID_TO_DTYPE[engine.DTYPE_TO_ID[torch.bfloat16]] is torch.bfloat16
+    return out
+
+
 def checks(root: str) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
 
@@ -93,6 +126,7 @@ def checks(root: str) -> dict[str, Any]:
     out["ends"] = (engine.is_first_stage(), engine.is_last_stage())
     out["losses"] = [float(engine.train_batch(iter(pr.batches(s, 0, 2)))) for s in range(3)]
     out["counters"] = (engine.global_steps, engine.micro_steps, engine.global_samples)
+    out["helpers"] = _upstream_helpers(engine)
     out["forward"] = error_text(lambda: engine(torch.zeros(1)))
     out["step"] = error_text(engine.step)
     out["zero_micro_batches"] = error_text(
@@ -167,6 +201,14 @@ def test_one_stage_matches_the_reference(res: dict[str, Any]) -> None:
         torch.tensor(res["losses"]), torch.tensor(pr.reference(3, 2, 1)["losses"])
     )
     assert res["counters"] == (3, 6, 3 * 2 * pr.MICRO)
+
+
+def test_upstreams_engine_helpers(res: dict[str, Any]) -> None:
+    h = res["helpers"]
+    assert h["off"] == h["tput_off"] == h["tput_unset"] == ""
+    assert h["on"].startswith("RANK=0 PIPE-ID=0 DATA-ID=0 STEP-ID=3 :: hello"), h["on"]
+    assert h["tput_on"] == "tput\n"
+    assert h["extra"] and h["ids"]
 
 
 def test_training_data_feeds_train_batch(res: dict[str, Any]) -> None:
