@@ -18,6 +18,7 @@ import multiprocessing as mp
 import os
 import pickle
 import tempfile
+import time
 import traceback
 from collections.abc import Callable
 from multiprocessing import reduction
@@ -29,6 +30,7 @@ from deepspeed_ext.comm import free_port
 # read once, at a process's start (the C library, the interpreter): a rank forked from the
 # server would run with the server's, so a test that changes one gets freshly spawned ranks
 _START_TIME_PREFIXES = ("MALLOC_", "LD_", "GLIBC_", "PYTHON")
+_LEAVE_WAIT_S = 60.0  # how long rank 0 waits for the others to be done with its store
 
 
 def _entry(
@@ -66,6 +68,28 @@ def _entry(
         result = ("error", traceback.format_exc())
     with open(out, "wb") as f:
         pickle.dump(result, f)
+    _leave_together(rank, world, result[0] == "ok")
+
+
+def _leave_together(rank: int, world: int, ok: bool) -> None:
+    """Rank 0 hosts the TCP store: had it exited while another rank still used the store
+    (a side group's rendezvous after rank 0's last collective), that rank would fail with
+    'Connection reset by peer'. Each rank counts itself done in the store, and a rank 0
+    that succeeded stays until all have (bounded: a rank that hangs is the join's to kill).
+    A function that destroyed its process group has no store left to count in."""
+    import torch.distributed as dist
+
+    if world == 1 or not dist.is_initialized():
+        return
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        done = store.add("run_ranks/done", 1)
+        deadline = time.monotonic() + _LEAVE_WAIT_S
+        while rank == 0 and ok and done < world and time.monotonic() < deadline:
+            time.sleep(0.005)
+            done = store.add("run_ranks/done", 0)
+    except Exception:  # noqa: BLE001 - a store already gone: nothing left to protect
+        pass
 
 
 class _TestFd:
