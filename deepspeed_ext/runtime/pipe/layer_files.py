@@ -86,14 +86,22 @@ def load_layers(
 ) -> None:
     """load_state_dir's default: each local layer from its file."""
     for local, idx, layer, _ in local_layers(module):
-        sd = files.load(str(layer_path(module, Path(load_dir), local, idx)))
-        layer.load_state_dict(sd, strict=strict)
+        path = layer_path(module, Path(load_dir), local, idx)
+        sd = files.load(str(path))
+        try:
+            layer.load_state_dict(sd, strict=strict)
+        except RuntimeError as e:  # torch names the keys, not the file
+            raise CheckpointError(f"{path} does not fit layer {idx}: {e}") from None
 
 
 def tied_file_index(ckpt_dir: Path, module: PipelineModule, key: str) -> int:
     """Every use of a tied key is saved: the first one's file."""
-    for i, s in enumerate(module._layer_specs):
-        if isinstance(s, TiedLayerSpec) and s.key == key:
-            if (ckpt_dir / layer_file(module, i)).exists():
-                return i
-    raise CheckpointError(f"{ckpt_dir} has no layer file for the tied weights {key!r}")
+    uses = [i for i, s in enumerate(module._layer_specs) if isinstance(s, TiedLayerSpec)]
+    uses = [i for i in uses if module._layer_specs[i].key == key]
+    for i in uses:
+        if (ckpt_dir / layer_file(module, i)).exists():
+            return i
+    names = ", ".join(layer_file(module, i) for i in uses)
+    raise CheckpointError(
+        f"{ckpt_dir} has no layer file for the tied weights {key!r} (none of {names})"
+    )

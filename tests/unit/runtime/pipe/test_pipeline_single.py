@@ -77,7 +77,18 @@ def _own_layer_files(root: str) -> dict[str, Any]:
     other = _module(cls=OwnFiles, base_seed=99)  # other initial weights
     again, *_ = initialize(model=other, config=_config(), optimizer=_adamw)
     again.load_checkpoint(root, tag="t", load_module_strict=False)
+    # the defaults called directly: save into a directory, load it into other weights; a
+    # missing file and a file of other keys are errors naming the file
+    plain, other_plain = _module(), _module(base_seed=99)
+    where = os.path.join(root, "direct")
+    plain.save_state_dict(where)
+    other_plain.load_state_dir(where)
+    same = all(torch.equal(a, b) for a, b in zip(plain.parameters(), other_plain.parameters()))
+    missing = error_text(lambda: plain.load_state_dir(os.path.join(root, "t")))
+    torch.save({"bogus": torch.zeros(1)}, plain.ckpt_layer_path(where, 0))
+    misfit = error_text(lambda: plain.load_state_dir(where))
     return {
+        "direct": (same, missing, misfit),
         "files": sorted(os.listdir(os.path.join(root, "t"))),
         "calls": calls,
         "continued": (cont, float(again.train_batch(iter(pr.batches(2, 0, 2))))),
@@ -266,3 +277,8 @@ def test_upstreams_layer_file_hooks_in_a_subclass_are_honoured(res: dict[str, An
     assert "extra.pt" in own["files"] and "mp_rank_00_model_states.pt" in own["files"]
     assert own["calls"] == [(False, 7)]
     assert own["continued"][0] == own["continued"][1]
+    same, missing, misfit = own["direct"]
+    assert same
+    assert missing.startswith("CheckpointError") and "layer_00-model_states.pt" in missing
+    assert misfit.startswith("CheckpointError") and "does not fit layer 0" in misfit
+    assert "layer_00-model_states.pt" in misfit and "bogus" in misfit
