@@ -158,7 +158,6 @@ NOTED: dict[str, Rule] = {
     "bf16.immediate_grad_update": Rule(_SPEED),
     "optimizer.legacy_fusion": Rule("upstream ignores it too"),
     "disable_python_gc": Rule(_SPEED),
-    "checkpoint.parallel_write": Rule(_SPEED),
     "checkpoint.checkpoint_serialization": Rule("checkpoints always use torch's zip format"),
     "checkpoint.writer": Rule(_SPEED),
     "flops_profiler.recompute_fwd_factor": Rule(
@@ -248,6 +247,20 @@ def refused(cfg: DeepSpeedConfig) -> list[str]:
             section = isinstance(_lookup(cfg, path)[1], Section)
             fix = "remove the section or turn it off" if section else "remove it"
             out.append(f"{path}: {rule.why}; {fix} (or set it to its default)")
+    return out
+
+
+def pipeline_only_set(cfg: DeepSpeedConfig) -> list[str]:
+    """The keys only a pipeline engine reads that the config sets to other than their
+    defaults: an engine of a plain model says so once instead of dropping them unsaid."""
+    pipe = cfg.pipeline
+    out = [
+        f"pipeline.{name}"
+        for name, field in type(pipe).model_fields.items()
+        if getattr(pipe, name) != field.get_default(call_default_factory=True)
+    ]
+    if cfg.checkpoint.parallel_write.pipeline_stage:
+        out.append("checkpoint.parallel_write.pipeline_stage")
     return out
 
 

@@ -15,7 +15,7 @@ from deepspeed_ext.utils.logging import logger
 _TENSOR_CORE_ALIGN = 8
 
 
-def at_start(config: Any) -> None:
+def at_start(config: Any, pipeline: bool) -> None:
     if config.log_level is not None:
         level = logging.getLevelName(str(config.log_level).upper())
         if not isinstance(level, int):
@@ -26,6 +26,14 @@ def at_start(config: Any) -> None:
         logger.setLevel(level)
     for line in support.noted(config):
         logger.warning(line)
+    if not pipeline:
+        unused = support.pipeline_only_set(config)
+        if unused:
+            logger.warning(
+                f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect: the "
+                "model is not a pipeline (give deepspeed.initialize a deepspeed.pipe."
+                "PipelineModule, or an nn.Sequential with pipeline_parallelism.num_stages)"
+            )
     vocab = config.vocabulary_size
     if vocab is not None and vocab % _TENSOR_CORE_ALIGN:
         logger.warning(

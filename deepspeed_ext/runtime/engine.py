@@ -48,6 +48,8 @@ from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
 
 class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
+    pipeline_parallelism = False  # upstream's attribute: the model is a PipelineModule
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -90,7 +92,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self._micro_batch_size = sizes.micro
         self._gas = sizes.gas
         config.check_resolved()
-        config_effects.at_start(config)
+        config_effects.at_start(config, pipeline=self.pipeline_parallelism)
         activation_checkpointing.configure_for_engine(config, mpu)
 
         sparse_attention.apply(model, config)  # [Note: sparse attention from the config]
@@ -478,6 +480,11 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         )
 
     # hooks the pipeline engine overrides (runtime/checkpoint/engine_io.py calls them)
+    def _write_module_files(self, tmp: Any, exclude_frozen: bool) -> None:
+        """Every rank, into the checkpoint's temporary directory: files of the module's own
+        (a pipeline's layer files); the model-states file holds the rest."""
+        return None
+
     def _checkpoint_extras(self, tmp: Any, exclude_frozen: bool) -> dict[str, Any]:
         """More keys for the model-states file (written by data-parallel rank 0)."""
         return {}

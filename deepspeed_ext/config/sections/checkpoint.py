@@ -10,7 +10,8 @@ from ..types import Bool, Int, Section, ToUpper
 
 
 class ParallelWriteConfig(Section):
-    # Pipeline stages write their layers in parallel.
+    # A pipeline stage's data-parallel ranks share writing its layer files (each an even
+    # share of the stage's layers) instead of data-parallel rank 0 writing them all.
     pipeline_stage: Bool = False
 
     def active(self) -> bool:

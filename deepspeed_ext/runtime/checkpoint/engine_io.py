@@ -89,6 +89,7 @@ def save_checkpoint(
     per_rank = strategy.rank_state(engine.optimizer)
     if per_rank is not None:
         torch.save(per_rank, tmp / zero_file)
+    engine._write_module_files(tmp, exclude_frozen_parameters)
     comm.barrier()
     if dp_rank == 0:  # one model-states file per model-parallel rank
         state = {
@@ -111,7 +112,7 @@ def save_checkpoint(
             "rng": _rng_state(),
             **client_state,
         }
-        # a pipeline writes its layers to their own files (upstream's layout) and says so
+        # a pipeline wrote its layers to their own files (upstream's layout) and says so
         state.update(engine._checkpoint_extras(tmp, exclude_frozen_parameters))
         if getattr(engine, "autotp", None) is not None:  # [Note: tensor-slice table]
             state["tensor_parallel"] = tensor_slices.saved_info(engine)

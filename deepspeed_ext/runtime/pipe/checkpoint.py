@@ -49,10 +49,15 @@ def _module(engine: PipelineEngine) -> PipelineModule:
     return cast("PipelineModule", engine.module)
 
 
-def extras(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> dict[str, Any]:
+def write_layers(engine: PipelineEngine, tmp: Path, exclude_frozen: bool) -> None:
+    """Every rank: the module writes its layer files ([Note: layer file hooks]: a
+    subclass's save_state_dict if it has one)."""
     module = _module(engine)
-    # [Note: layer file hooks]: a subclass's save_state_dict writes them if it has one
     module.save_state_dict(str(tmp), engine.checkpoint_engine, exclude_frozen_params=exclude_frozen)
+
+
+def extras(engine: PipelineEngine) -> dict[str, Any]:
+    module = _module(engine)
     names = getattr(engine.strategy, "param_names", None)
     return {
         "module": None,

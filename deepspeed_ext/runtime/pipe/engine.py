@@ -71,12 +71,16 @@ def _to_device(x: Any, device: torch.device) -> Any:
 
 class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     _engines = 0  # engines built in this process: tags their p2p messages
+    pipeline_parallelism = True
 
     def __init__(self, model: PipelineModule, config: Any, mpu: Any = None, **kwargs: Any) -> None:
         check_pipeline_config(config, model, mpu)
         self._tied = model.tied  # read by _model_param_groups during construction
         super().__init__(model, config, mpu=model.mpu(), **kwargs)
         self.grid = model.mpu()
+        model.checkpoint_parallel_write_pipeline = bool(
+            self.config.checkpoint.parallel_write.pipeline_stage
+        )
         self.num_stages = model.num_stages
         self.stage_id = model.stage_id
         self.micro_batches = self.gradient_accumulation_steps()
@@ -267,8 +271,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             self.reset_activation_shape()
 
     # -- checkpoints ([Note: pipeline checkpoint]) --
+    def _write_module_files(self, tmp: Any, exclude_frozen: bool) -> None:
+        pipe_ckpt.write_layers(self, tmp, exclude_frozen)
+
     def _checkpoint_extras(self, tmp: Any, exclude_frozen: bool) -> dict[str, Any]:
-        return pipe_ckpt.extras(self, tmp, exclude_frozen)
+        return pipe_ckpt.extras(self)
 
     def _checkpoint_state(self, ckpt_dir: Any, path: Any, strict: bool) -> dict[str, Any]:
         return pipe_ckpt.state_for_load(self, ckpt_dir, path, strict)

@@ -6,7 +6,9 @@ Upstream's PipelineModule has five checkpoint hooks: ckpt_prefix, ckpt_layer_pat
 index), ckpt_layer_path_list, save_state_dict(dir, checkpoint_engine, exclude_frozen_params)
 and load_state_dir(dir, checkpoint_engine, strict). Models subclass it to rename the layer
 files or to load pretrained weights their own way. Here too the engine's save_checkpoint
-calls module.save_state_dict to write the layer files, and every layer file is found
+calls module.save_state_dict on every rank to write the layer files (the default picks the
+writers among a stage's data-parallel ranks; checkpoint.parallel_write.pipeline_stage
+shares them out), and every layer file is found
 through module.ckpt_layer_path, so an override of either is honoured. On load, a class that
 overrides load_state_dir has it called (with load_checkpoint's load_module_strict); what it
 leaves in the module is the module state the strategy then loads (and syncs its fp32 masters
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from deepspeed_ext.utils.errors import CheckpointError
+from deepspeed_ext.utils.splits import partition_uniform
 
 from ..checkpoint import clone_tensors_for_torch_save
 from ..checkpoint.checkpoint_engine import CheckpointEngine
@@ -57,11 +60,22 @@ def save_layers(
     module: PipelineModule, save_dir: str, files: CheckpointEngine, exclude_frozen: bool
 ) -> None:
     """save_state_dict's default: one file per local layer with state, at
-    module.ckpt_layer_path (data-parallel rank 0 writes; the others hold the same layers)."""
-    if not files.is_data_parallel_writer(module.mpu().get_data_parallel_rank()):
+    module.ckpt_layer_path. The data-parallel ranks of a stage hold the same layers: rank 0
+    writes them all, or with checkpoint_parallel_write_pipeline each rank writes an even
+    share of the stage's layers (upstream's cut)."""
+    grid = module.mpu()
+    dp_rank, dp_size = grid.get_data_parallel_rank(), grid.get_data_parallel_world_size()
+    if module.checkpoint_parallel_write_pipeline:
+        cuts = partition_uniform(len(module.forward_funcs), dp_size)
+        mine = range(cuts[dp_rank], cuts[dp_rank + 1])
+    elif files.is_data_parallel_writer(dp_rank):
+        mine = range(len(module.forward_funcs))
+    else:
         return
     files.makedirs(save_dir, exist_ok=True)
     for local, _, layer, _ in local_layers(module):
+        if local not in mine:
+            continue
         sd = layer.state_dict()
         if exclude_frozen:
             frozen = {n for n, p in layer.named_parameters() if not p.requires_grad}

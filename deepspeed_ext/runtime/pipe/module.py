@@ -92,6 +92,9 @@ class PipelineModule(torch.nn.Module):
         comm.init_distributed(verbose=False)
         self.world_size = comm.get_world_size()
         self.global_rank = comm.get_rank()
+        # upstream's: the data-parallel ranks of a stage share writing its layer files
+        # (the engine sets it from checkpoint.parallel_write.pipeline_stage)
+        self.checkpoint_parallel_write_pipeline = False
         self._topo = self._topology(num_stages, topology)
         self.num_stages = self._topo.get_dim("pipe")
         if virtual_stages > 1 and self.num_stages < 2:
@@ -282,7 +285,8 @@ class PipelineModule(torch.nn.Module):
         checkpoint_engine: CheckpointEngine | None = None,
         exclude_frozen_params: bool = False,
     ) -> None:
-        """Write this rank's layer files into save_dir (data-parallel rank 0 only)."""
+        """Write this rank's layer files into save_dir: data-parallel rank 0 writes them all,
+        or with checkpoint_parallel_write_pipeline each data-parallel rank its share."""
         files = checkpoint_engine or TorchCheckpointEngine()
         layer_files.save_layers(self, save_dir, files, exclude_frozen_params)
 

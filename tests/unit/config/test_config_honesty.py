@@ -122,7 +122,7 @@ def test_a_refused_key_at_its_default_is_accepted(path: str) -> None:
 
 @pytest.mark.parametrize("path", sorted(support.NOTED))
 def test_a_noted_key_set_is_said_once_by_name(path: str) -> None:
-    sample = {"checkpoint.writer": {}, "checkpoint.parallel_write": {"pipeline_stage": True}}
+    sample = {"checkpoint.writer": {}}
     if path in sample:
         cfg = _nest(path, sample[path])
     else:
@@ -185,6 +185,32 @@ def test_the_docs_list_is_current() -> None:
         "docs/config-support.md is stale: regenerate it with python -c 'from deepspeed_ext."
         'config import support; open("docs/config-support.md", "w").write(support.markdown())\''
     )
+
+
+def test_pipeline_keys_on_a_plain_model_are_said_by_name(monkeypatch: Any) -> None:
+    """A plain model's engine reads no pipeline key: those set are said once, by name."""
+    from deepspeed_ext.runtime import config_effects
+
+    cfg = parse(
+        {
+            "pipeline": {"schedule": "zb-h1", "partition": "best", "stages": "auto"},
+            "checkpoint": {"parallel_write": {"pipeline_stage": True}},
+        }
+    )
+    assert support.pipeline_only_set(cfg) == [
+        "pipeline.schedule",
+        "checkpoint.parallel_write.pipeline_stage",
+    ]
+    assert support.pipeline_only_set(parse({"pipeline": {"partition": "best"}})) == []
+    said: list[str] = []
+    monkeypatch.setattr(config_effects.logger, "warning", said.append)
+    config_effects.at_start(cfg, pipeline=True)
+    assert said == []
+    config_effects.at_start(cfg, pipeline=False)
+    assert len(said) == 1 and said[0].startswith(
+        "pipeline.schedule, checkpoint.parallel_write.pipeline_stage have no effect: the model "
+        "is not a pipeline"
+    ), said
 
 
 def test_keys_the_user_did_not_give_are_never_noted() -> None:

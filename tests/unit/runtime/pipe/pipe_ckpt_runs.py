@@ -16,7 +16,7 @@ from . import pipe_runs as pr
 GAS = 2
 
 
-def _engine(stages: int, zero: int, gas: int, dtype: str) -> Any:
+def _engine(stages: int, zero: int, gas: int, dtype: str, parallel_write: bool = False) -> Any:
     from deepspeed_ext.runtime.initialize import initialize
 
     module = PipelineModule(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
@@ -29,6 +29,8 @@ def _engine(stages: int, zero: int, gas: int, dtype: str) -> Any:
     }
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
+    if parallel_write:
+        cfg["checkpoint"] = {"parallel_write": {"pipeline_stage": True}}
     engine, *_ = initialize(
         model=module, config=cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=pr.LR)
     )
@@ -89,5 +91,38 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     }
 
 
+def parallel_write(root: str) -> dict[str, Any]:
+    """checkpoint.parallel_write.pipeline_stage: which layer files each rank wrote, with and
+    without it, and whether the two checkpoints' layer files hold the same tensors."""
+    from deepspeed_ext.runtime.checkpoint import TorchCheckpointEngine
+
+    class Recording(TorchCheckpointEngine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.saved: list[str] = []
+
+        def save(self, state_dict: Any, path: str) -> None:
+            self.saved.append(Path(path).name)
+            super().save(state_dict, path)
+
+    out: dict[str, Any] = {}
+    for flag in (False, True):
+        engine = _engine(2, 1, GAS, "fp32", parallel_write=flag)
+        _step(engine, 0)
+        engine.checkpoint_engine = files = Recording()
+        engine.save_checkpoint(Path(root) / f"pw{int(flag)}", tag="t")
+        out[str(flag)] = sorted(files.saved)
+    out["ids"] = (engine.stage_id, engine.dp_rank)
+    default, shared = (Path(root) / f"pw{i}" / "t" for i in (0, 1))
+    layers = sorted(p.name for p in default.glob("layer_*"))
+    out["same_files"] = layers == sorted(p.name for p in shared.glob("layer_*"))
+    out["same_tensors"] = all(
+        all(torch.equal(a, b) for a, b in zip(sd0.values(), sd1.values()))
+        for sd0, sd1 in ((torch.load(default / f), torch.load(shared / f)) for f in layers)
+    )
+    return out
+
+
 def all_cases(root: str, cases: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    return [resume(root, z, d) for z, d in cases]
+    """Each case's resume, then (last) the parallel-write run."""
+    return [*(resume(root, z, d) for z, d in cases), parallel_write(root)]

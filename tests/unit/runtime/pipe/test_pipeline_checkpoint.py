@@ -58,6 +58,22 @@ def test_upstreams_layer_file_names(runs: list[list[dict]]) -> None:
         assert (first_layer == 0) == (stage == 0)
 
 
+def test_parallel_write_shares_each_stages_layer_files_out(runs: list[list[dict]]) -> None:
+    """checkpoint.parallel_write.pipeline_stage: each data-parallel rank of a stage writes a
+    share of its layer files (none twice, none left out), where without it data-parallel
+    rank 0 writes them all; the files hold the same tensors either way."""
+    by_stage: dict[int, dict[int, dict]] = {}
+    for r in (x[-1] for x in runs):
+        stage, dp = r["ids"]
+        by_stage.setdefault(stage, {})[dp] = r
+        assert r["same_files"] and r["same_tensors"]
+    for stage, ranks in by_stage.items():
+        alone = ranks[0]["False"]
+        assert alone and ranks[1]["False"] == [], stage
+        shares = [ranks[dp]["True"] for dp in (0, 1)]
+        assert all(shares) and sorted(shares[0] + shares[1]) == alone, (stage, shares)
+
+
 def test_upstream_file_layout(runs: list[list[dict]]) -> None:
     files = runs[0][1]["files"]  # ZeRO 1
     layers = [f for f in files if f.startswith("layer_")]
