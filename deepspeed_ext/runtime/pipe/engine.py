@@ -12,7 +12,7 @@ the data-parallel mean of the batch's mean micro-batch loss, the same on every r
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,7 +29,9 @@ from ..engine import DeepSpeedEngine
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
 from .additional_losses import AdditionalLosses, Meta, meta_key
+from .batch_feed import BatchFeed
 from .checks import check_pipeline_config, schedule_for
+from .errors import PipelineError
 from .module import PipelineModule
 from .split_backward import SplitPlan, plan_split
 from .upstream_helpers import PipeUpstreamHelpers
@@ -51,10 +53,6 @@ _TIMED: dict[type[sch.PipeInstruction], str] = {
     sch.RecvActivation: PIPE_RECV_INPUT_TIMER,
     sch.RecvGrad: PIPE_RECV_GRAD_TIMER,
 }
-
-
-class PipelineError(RuntimeError):
-    """A pipeline engine used as it cannot be (the message says how to use it)."""
 
 
 def _as_tuple(x: Any) -> tuple[Any, ...]:
@@ -92,14 +90,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self.is_grad_partitioned = self.is_model_parallel and self.config.pipeline.grad_partitioned
         self.micro_batch_size = self.train_micro_batch_size_per_gpu()
         self.prev_stage, self.next_stage = self.stage_id - 1, self.stage_id + 1
-        # upstream's post-processing of each batch (set_batch_fn, or assigned): it gets None
-        # on a data stage without an iterator (a tensor rank whose batch it broadcasts)
-        self.batch_fn: Callable[[Any], Any] | None = None
+        self._feed = BatchFeed(self.stage_id, self.rank, self._needs_data())
         self.chunks = model.virtual_stages
         self.schedule_name = schedule_for(config, model)
         PipelineEngine._engines += 1  # every rank builds its engines in the same order
         self._make_channels(model.dynamic_shape, PipelineEngine._engines * 4096)
-        self.data_iterator: Iterator[Any] | None = None
         if self.training_dataloader is not None and self._needs_data():
             self.data_iterator = iter(RepeatingLoader(self.training_dataloader))
         # upstream's loss attributes: the batch loss averaged over the data-parallel ranks
@@ -114,12 +109,10 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self.outputs: Any = None
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._ckpt_upstream = False  # ... and whether upstream's engine wrote it
-        self._iterators_checked = False
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
         self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
         self.has_attention_mask = False  # upstream's flag: set_has_attention_mask
         self._failed: str | None = None  # a batch that failed mid-schedule ([Note: pipeline p2p])
-        self._prefetched: deque[Any] = deque()  # an eval batch's micro-batches, pulled first
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
@@ -245,6 +238,24 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     def set_batch_fn(self, fn: Callable[[Any], Any]) -> None:
         self.batch_fn = fn
 
+    @property
+    def data_iterator(self) -> Iterator[Any] | None:
+        """Upstream's attribute: where this stage's micro-batches come from."""
+        return self._feed.iterator
+
+    @data_iterator.setter
+    def data_iterator(self, iterator: Iterator[Any] | None) -> None:
+        self._feed.iterator = iterator
+
+    @property
+    def batch_fn(self) -> Callable[[Any], Any] | None:
+        """Upstream's post-processing of each batch (set_batch_fn, or assigned)."""
+        return self._feed.batch_fn
+
+    @batch_fn.setter
+    def batch_fn(self, fn: Callable[[Any], Any] | None) -> None:
+        self._feed.batch_fn = fn
+
     def get_pipeline_parallel_rank(self) -> int:
         return self.stage_id
 
@@ -303,7 +314,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             raise PipelineError("train_batch() needs gradients: call it outside torch.no_grad()")
         if data_iter is not None:
             self.set_dataiterator(data_iter)
-        self._check_data_iterators()
+        self._feed.check(self.world_size, self._comm_device)
         self.module.train()
         self._compute_loss = True
         self._extras.total = None
@@ -336,13 +347,13 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             )
         saved = self.data_iterator
         self.set_dataiterator(data_iter)
-        self._check_data_iterators()
+        self._feed.check(self.world_size, self._comm_device)
         self.module.eval()
         self._compute_loss = compute_loss
         self._return_logits = return_logits
         m = num_micro_batches or self.micro_batches
         try:
-            self._prefetch(m)
+            self._feed.prefetch(m, self._comm_device)
             with torch.no_grad():
                 self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id, self.chunks))
             out: Any = None
@@ -359,7 +370,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                     w.write(self.global_steps, self.global_samples, {"eval_loss": float(out)})
         finally:
             self.data_iterator = saved
-            self._prefetched.clear()
+            self._feed.drop_prefetched()
             self._return_logits = False
             self.module.train()
         if return_logits:
@@ -465,7 +476,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         mb = cmd.kwargs.get("micro_batch", b)
         batch = self._batches.pop(mb, None)
         if batch is None:
-            batch = self._next_batch()
+            batch = self._feed.next()
             if self._is_first(c) and self.is_last_stage() and self.chunks > 1:
                 self._batches[mb] = batch  # its last chunk reads the same micro-batch
         if self._is_first(c):
@@ -475,51 +486,6 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             self.metrics.add_micro_batch(n, None)
         if self._is_last(c):
             self._labels[(c, b)] = _to_device(batch[1], self.device)
-
-    def _prefetch(self, m: int) -> None:
-        """eval_batch's m micro-batches, pulled before any stage sends, and whether every
-        data stage had them, agreed over all ranks: evaluation data running out (an eval
-        loop's usual end) raises StopIteration on every rank before the pipeline starts,
-        so the engine stays usable, where running out mid-batch would leave that batch's
-        messages queued between stages (the engine would then refuse further batches).
-        A batch_fn that broadcasts over the tensor group (Megatron's) must itself cope with
-        its reading rank running out: the other ranks wait in its broadcast (as upstream)."""
-        ran_out: StopIteration | None = None
-        if self._needs_data():
-            try:
-                for _ in range(m):
-                    self._prefetched.append(self._pull_batch())
-            except StopIteration as e:
-                ran_out = e
-        flag = torch.tensor([1.0 if ran_out is not None else 0.0], device=self._comm_device)
-        comm.all_reduce(flag, op=comm.ReduceOp.MAX)
-        if ran_out is not None:
-            raise ran_out
-        if flag.item():
-            raise StopIteration("eval_batch: the evaluation data ran out on another rank's stage")
-
-    def _next_batch(self) -> Any:
-        if self._prefetched:
-            return self._prefetched.popleft()
-        return self._pull_batch()
-
-    def _pull_batch(self) -> Any:
-        if self.data_iterator is None and self.batch_fn is None:
-            raise PipelineError(
-                f"stage {self.stage_id} (rank {self.rank}) has no data iterator: pass "
-                "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
-                "and last stages (or set_batch_fn(fn), which then gets None there)"
-            )
-        batch = next(self.data_iterator) if self.data_iterator is not None else None
-        if self.batch_fn is not None:
-            batch = self.batch_fn(batch)
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError(
-                f"stage {self.stage_id}: the data iterator gave a {type(batch).__name__}; a "
-                "pipeline batch is a pair (inputs, labels): the first stage reads inputs, the "
-                "last stage labels"
-            )
-        return batch
 
     def _exec_recv_activations(self, cmd: sch.RecvActivation) -> None:
         c, b = self._key(cmd)
@@ -742,26 +708,6 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             t.copy_(value.detach().reshape(()))
         comm.group_broadcast(t, self.layout.pipe, self.layout.pipe.size - 1)
         return t
-
-    def _check_data_iterators(self) -> None:
-        """On the first batch, every rank learns which stages lack an iterator they need,
-        before any p2p; later a stage that finds none raises and aborts its neighbours
-        ([Note: pipeline p2p]), which saves a collective per batch."""
-        if self._iterators_checked:
-            return
-        self._iterators_checked = True
-        missing = torch.zeros(self.world_size, dtype=torch.float64, device=self._comm_device)
-        if self._needs_data() and self.data_iterator is None and self.batch_fn is None:
-            missing[self.rank] = 1.0
-        comm.all_reduce(missing)
-        if missing.any():
-            ranks = [int(r) for r in missing.nonzero().flatten()]
-            raise PipelineError(
-                f"rank(s) {ranks} (first or last pipeline stage) have no data iterator: pass "
-                "train_batch(data_iter=...) / eval_batch(data_iter) on every rank of the first "
-                "and last stages, or training_data= to deepspeed.initialize (or a batch_fn, "
-                "set_batch_fn, which then gets None there to fill, as upstream's does)"
-            )
 
 
 __all__ = ["PipeAborted", "PipelineEngine", "PipelineError"]
