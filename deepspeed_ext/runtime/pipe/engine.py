@@ -105,8 +105,9 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self.total_loss: torch.Tensor | None = None
         self._extras = AdditionalLosses(self.metrics)  # [Note: additional losses]
         self._compute_loss = True
-        self._return_logits = False
-        self.outputs: Any = None
+        self.eval_return_logits = False  # upstream's names: eval_batch(return_logits=True)
+        self.outputs: Any = None  # ... keeps the last stage's outputs here
+        self.dynamic_shape = model.dynamic_shape  # upstream's: shapes renegotiated per message
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._ckpt_upstream = False  # ... and whether upstream's engine wrote it
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
@@ -350,7 +351,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._feed.check(self.world_size, self._comm_device)
         self.module.eval()
         self._compute_loss = compute_loss
-        self._return_logits = return_logits
+        self.eval_return_logits = return_logits
         m = num_micro_batches or self.micro_batches
         try:
             self._feed.prefetch(m, self._comm_device)
@@ -371,7 +372,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         finally:
             self.data_iterator = saved
             self._feed.drop_prefetched()
-            self._return_logits = False
+            self.eval_return_logits = False
             self.module.train()
         if return_logits:
             logits, self.outputs = self.outputs, None
@@ -518,7 +519,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                 "loss_fn=<callable(outputs, labels) -> scalar>, or make the last layer return "
                 "the loss"
             )
-        if self._return_logits:
+        if self.eval_return_logits:
             self.outputs = out
         self._outputs[(c, b)] = loss
         self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
