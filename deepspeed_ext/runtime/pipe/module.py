@@ -126,6 +126,7 @@ class PipelineModule(torch.nn.Module):
             for c in range(virtual_stages)
         ]
         self._local_start, self._local_stop = self.chunk_ranges[0]
+        self._num_layers = len(self._layer_specs)  # upstream's name, read by subclasses
         self.micro_offset = 0
         self.forward_funcs: list[Callable[..., Any]] = []
         self.chunk_funcs: list[list[Callable[..., Any]]] = []

@@ -125,6 +125,7 @@ def _upstream_helpers(engine: Any) -> dict[str, Any]:
     del engine.steps_per_print
     out["extra"] = engine.get_additional_losses() is engine.agg_additional_losses
     out["ids"] = engine.ID_TO_DTYPE[engine.DTYPE_TO_ID[torch.bfloat16]] is torch.bfloat16
+    out["num_layers"] = engine.module._num_layers == len(pr.specs())  # upstream's attribute
     return out
 
 
@@ -219,7 +220,7 @@ def test_upstreams_engine_helpers(res: dict[str, Any]) -> None:
     assert h["off"] == h["tput_off"] == h["tput_unset"] == ""
     assert h["on"].startswith("RANK=0 PIPE-ID=0 DATA-ID=0 STEP-ID=3 :: hello"), h["on"]
     assert h["tput_on"] == "tput\n"
-    assert h["extra"] and h["ids"]
+    assert h["extra"] and h["ids"] and h["num_layers"]
 
 
 def test_training_data_feeds_train_batch(res: dict[str, Any]) -> None:
