@@ -68,17 +68,4 @@ class TorchCheckpointEngine(CheckpointEngine):
         torch.save(state_dict, path)
 
     def load(self, path: str, map_location: Any = None) -> Any:
-        state = load_state_file(Path(path))  # on the host
-        if map_location is None:
-            return state
-        return _to(state, map_location)
-
-
-def _to(obj: Any, where: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.to(where)
-    if isinstance(obj, dict):
-        return {k: _to(v, where) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to(v, where) for v in obj)
-    return obj
+        return load_state_file(Path(path), map_location or "cpu")  # None: on the host

@@ -15,9 +15,9 @@ from deepspeed_ext.utils.errors import CheckpointError
 __all__ = ["CheckpointError", "check_loadable", "load"]
 
 
-def load(path: Path) -> Any:
+def load(path: Path, map_location: Any = "cpu") -> Any:
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path} does not exist") from None
     except Exception as exc:  # noqa: BLE001 - name the file and the reason

@@ -261,13 +261,8 @@ class PipelineModule(torch.nn.Module):
     def ckpt_prefix(self, checkpoints_path: str, tag: Any) -> str:
         """A prefix for this rank's files: "<path>/<tag>/module-pipe_01-model_00"-style (the
         data axis left out: its ranks hold the same layers)."""
-        coord = self._topo.get_coord(self.global_rank)
-        name = "module" + "".join(
-            f"-{axis}_{getattr(coord, axis):02d}"
-            for axis in self._topo.get_axis_names()
-            if axis != "data"
-        )
-        return os.path.join(checkpoints_path, str(tag), name)
+        axes = self._topo.get_rank_repr(self.global_rank, omit_axes=("data",))
+        return os.path.join(checkpoints_path, str(tag), "module" + (f"-{axes}" if axes else ""))
 
     def ckpt_layer_path(self, ckpt_dir: str, local_layer_idx: int) -> str:
         """The file of this rank's local_layer_idx-th layer (upstream's name, by the layer's
