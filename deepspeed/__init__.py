@@ -7,7 +7,12 @@ from deepspeed_ext.comm import init_distributed
 from deepspeed_ext.runtime.ds_config import DeepSpeedConfig
 from deepspeed_ext.runtime.engine import DeepSpeedEngine
 from deepspeed_ext.runtime.initialize import add_config_arguments, initialize
-from deepspeed_ext.runtime.pipe import PipelineEngine, PipelineModule  # deepspeed.PipelineEngine
+from deepspeed_ext.runtime.pipe import (  # deepspeed.PipelineEngine
+    DualPipeVEngine,
+    DualPipeVModule,
+    PipelineEngine,
+    PipelineModule,
+)
 from deepspeed_ext.runtime.tensor_parallel import set_autotp_mode, tp_model_init
 from deepspeed_ext.version import __version__, __version_api__
 
@@ -28,6 +33,8 @@ version = __version__
 __all__ = [
     "DeepSpeedConfig",
     "DeepSpeedEngine",
+    "DualPipeVEngine",
+    "DualPipeVModule",
     "PipelineEngine",
     "PipelineModule",
     "__version__",

@@ -28,7 +28,7 @@ from corpus import CharData, generate  # noqa: E402
 from gpt import Block, GPTConfig  # noqa: E402
 
 import deepspeed  # noqa: E402
-from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec  # noqa: E402
+from deepspeed.pipe import DualPipeVModule, LayerSpec, PipelineModule, TiedLayerSpec  # noqa: E402
 
 
 class Embedding(nn.Module):
@@ -60,6 +60,11 @@ def main() -> None:
     ap.add_argument("--micro-batches", type=int, default=4, help="per step, per data rank")
     ap.add_argument("--zero-stage", type=int, default=1, choices=(0, 1, 2))
     ap.add_argument("--bf16", action="store_true")
+    ap.add_argument(
+        "--dualpipev",
+        action="store_true",
+        help="DualPipeV: 2 stages per rank as a V (needs --micro-batches >= 2 x --stages)",
+    )
     ap.add_argument("--out", default="examples/out/pipeline")
     ap.add_argument("--local_rank", type=int, default=0, help="set by the launcher")
     args = ap.parse_args()
@@ -78,7 +83,7 @@ def main() -> None:
         LayerSpec(nn.LayerNorm, cfg.d_model),
         TiedLayerSpec("embed", Embedding, cfg, forward_fn=lm_head),
     ]
-    model = PipelineModule(
+    model = (DualPipeVModule if args.dualpipev else PipelineModule)(
         layers, num_stages=args.stages, loss_fn=make_loss(cfg.vocab_size), seed_layers=True
     )
     config = {

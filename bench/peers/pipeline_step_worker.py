@@ -1,8 +1,9 @@
 """Benchmark worker: one rank of a 4-stage pipeline training job, for bench/pipeline_step.py.
 
     --impl ours      deepspeed_ext: deepspeed.pipe.PipelineModule + engine.train_batch (1F1B,
-                     or --schedule zb-h1, or --chunks 2 interleaved); started by our
-                     launcher (deepspeed --num_gpus 4 ...)
+                     or --schedule zb-h1, or --chunks 2 interleaved, or --schedule
+                     dualpipev --chunks 2, a DualPipeVModule); started by our launcher
+                     (deepspeed --num_gpus 4 ...)
     --impl upstream  UPSTREAM DeepSpeed 0.19.8, the same PipelineModule code and config (its
                      venv's python, a cwd outside the repository, DS_ACCELERATOR=cpu)
     --impl torch     torch.distributed.pipelining: PipelineStage + Schedule1F1B over the same
@@ -59,7 +60,12 @@ def _parse() -> argparse.Namespace:
     ap.add_argument(
         "--chunks", type=int, default=1, help="ours only: model chunks per rank (interleaved)"
     )
-    ap.add_argument("--schedule", default="1f1b", help="ours only: pipeline.schedule")
+    ap.add_argument(
+        "--schedule",
+        default="1f1b",
+        help="pipeline.schedule (ours); dualpipev (ours and upstream): a DualPipeVModule, "
+        "give --chunks 2",
+    )
     ap.add_argument("--run-id", default="")
     ap.add_argument("--local_rank", type=int, default=0)
     return ap.parse_args()
@@ -188,17 +194,19 @@ def _ds_step(args: argparse.Namespace, layers: list[Any], loss_fn: Any) -> Any:
     from deepspeed.pipe import PipelineModule
 
     deepspeed.init_distributed(dist_backend="gloo")
-    extra = {"virtual_stages": args.chunks} if args.chunks > 1 else {}
-    module = PipelineModule(
-        layers, num_stages=STAGES, loss_fn=loss_fn, partition_method="uniform", **extra
-    )
+    v = args.schedule == "dualpipev"
+    if v and args.chunks != 2:
+        raise SystemExit("--schedule dualpipev holds 2 stages per rank: give --chunks 2")
+    extra = {"virtual_stages": args.chunks} if args.chunks > 1 and not v else {}
+    cls = deepspeed.DualPipeVModule if v else PipelineModule
+    module = cls(layers, num_stages=STAGES, loss_fn=loss_fn, partition_method="uniform", **extra)
     config = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
         "gradient_accumulation_steps": args.micro_batches,
         "steps_per_print": 10**9,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
     }
-    if args.schedule != "1f1b":
+    if args.schedule not in ("1f1b", "dualpipev"):  # a DualPipeVModule picks its own
         config["pipeline"] = {"schedule": args.schedule}
     engine, *_ = deepspeed.initialize(model=module, config=config)
 

@@ -1,6 +1,6 @@
 """`deepspeed.pipe`: upstream's import path for pipeline parallelism."""
 
 from deepspeed_ext.comm import ProcessTopology
-from deepspeed_ext.runtime.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from deepspeed_ext.runtime.pipe import DualPipeVModule, LayerSpec, PipelineModule, TiedLayerSpec
 
-__all__ = ["LayerSpec", "PipelineModule", "ProcessTopology", "TiedLayerSpec"]
+__all__ = ["DualPipeVModule", "LayerSpec", "PipelineModule", "ProcessTopology", "TiedLayerSpec"]

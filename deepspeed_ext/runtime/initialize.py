@@ -10,7 +10,7 @@ from deepspeed_ext.config import parse
 
 from .engine import DeepSpeedEngine
 from .model_parallel_zero import fallback_stage
-from .pipe import PipelineEngine, PipelineModule
+from .pipe import DualPipeVEngine, DualPipeVModule, PipelineEngine, PipelineModule
 from .pipe.wrap import as_pipeline
 
 
@@ -67,7 +67,9 @@ def initialize(
     parsed = fallback_stage(parsed, pipelined)  # [Note: stage 3 under model parallelism]
     if pipelined:
         model = as_pipeline(model, parsed)
-    engine_type: Any = PipelineEngine if isinstance(model, PipelineModule) else DeepSpeedEngine
+    engine_type: Any = DeepSpeedEngine
+    if isinstance(model, PipelineModule):
+        engine_type = DualPipeVEngine if isinstance(model, DualPipeVModule) else PipelineEngine
     engine = engine_type(
         model=model,
         config=parsed,

@@ -14,6 +14,8 @@ SURFACE = {
     "deepspeed": [
         "DeepSpeedConfig",
         "DeepSpeedEngine",
+        "DualPipeVEngine",  # upstream 0.19.8's DualPipeV
+        "DualPipeVModule",
         "PipelineEngine",  # Megatron-DeepSpeed: isinstance(model, deepspeed.PipelineEngine)
         "PipelineModule",
         "add_config_arguments",
@@ -61,6 +63,14 @@ SURFACE = {
         "send",
         "send_obj",
         "wait",
+    ],
+    "deepspeed.pipe": ["DualPipeVModule", "LayerSpec", "PipelineModule", "TiedLayerSpec"],
+    "deepspeed.runtime.pipe.dualpipev": ["DualPipeVEngine", "DualPipeVModule"],
+    "deepspeed.runtime.pipe.schedule": [
+        "CommitP2P",
+        "DualPipeVSchedule",
+        "InferenceSchedule",
+        "TrainSchedule",
     ],
     "deepspeed.runtime.pipe.engine": [
         "BATCH_INPUT_TIMER",

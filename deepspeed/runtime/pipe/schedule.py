@@ -3,7 +3,9 @@
 from deepspeed_ext.runtime.pipe.schedule import (
     BackwardPass,
     BufferOpInstruction,
+    CommitP2P,
     DataParallelSchedule,
+    DualPipeVSchedule,
     ForwardPass,
     InferenceSchedule,
     LoadMicroBatch,
@@ -22,7 +24,9 @@ from deepspeed_ext.runtime.pipe.schedule import (
 __all__ = [
     "BackwardPass",
     "BufferOpInstruction",
+    "CommitP2P",
     "DataParallelSchedule",
+    "DualPipeVSchedule",
     "ForwardPass",
     "InferenceSchedule",
     "LoadMicroBatch",

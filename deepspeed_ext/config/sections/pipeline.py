@@ -21,9 +21,11 @@ class PipelineConfig(Section):
     # None: reentrant checkpointing (upstream's default).
     use_reentrant: Bool | None = None
     # deepspeed_ext: "1f1b" (upstream's TrainSchedule), "interleaved" (virtual stages: the
-    # PipelineModule built with virtual_stages >= 2, which selects it by itself) or "zb-h1"
-    # (zero bubble: each backward split into input- and weight-gradient passes).
-    schedule: Literal["1f1b", "interleaved", "zb-h1"] = "1f1b"
+    # PipelineModule built with virtual_stages >= 2, which selects it by itself), "zb-h1"
+    # (zero bubble: each backward split into input- and weight-gradient passes) or
+    # "dualpipev" (a DualPipeVModule, which selects it by itself; with the
+    # pipeline_parallelism key it cuts the plain model as one).
+    schedule: Literal["1f1b", "interleaved", "zb-h1", "dualpipev"] = "1f1b"
 
 
 class PipelineParallelismConfig(Section):

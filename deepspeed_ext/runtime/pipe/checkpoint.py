@@ -66,6 +66,7 @@ def extras(engine: PipelineEngine) -> dict[str, Any]:
         "pipeline": {
             "num_stages": module.num_stages,
             "virtual_stages": module.virtual_stages,
+            "layout": module.pipe_layout,
             "parts": [int(x) for x in module.parts],
             "param_names": names() if names is not None else None,
             # global layer index -> its state-dict prefix (zero_to_fp32 names by it)
@@ -105,16 +106,21 @@ def state_for_load(
     engine._ckpt_upstream = "pipeline" not in first and _written_upstream(first, ckpt_dir)
     if "pipeline" in first:
         saved = first["pipeline"]
-        stages = (int(saved["num_stages"]), int(saved.get("virtual_stages", 1)))
+        stages = (
+            int(saved["num_stages"]),
+            int(saved.get("virtual_stages", 1)),
+            str(saved.get("layout", "interleaved")),
+        )
     elif engine._ckpt_upstream:
         dims = first.get("checkpoint_parallel_dimensions") or {}
-        stages = (int(dims.get("pp_degree", first.get("mp_world_size", 1))), 1)
+        stages = (int(dims.get("pp_degree", first.get("mp_world_size", 1))), 1, "interleaved")
     else:
         raise CheckpointError(
             f"{ckpt_dir} was not written by a pipeline engine (no per-layer files): load it "
             "into the model it was saved from, or consolidate it with zero_to_fp32"
         )
-    same = stages == (engine.num_stages, _module(engine).virtual_stages)
+    module = _module(engine)
+    same = stages == (engine.num_stages, module.virtual_stages, module.pipe_layout)
     state = load_state_file(path) if same else dict(first)
     state["module"] = _module_state(engine, ckpt_dir, strict)
     engine._ckpt_same_layout = same

@@ -73,6 +73,20 @@ def schedule_for(config: Any, module: PipelineModule) -> str:
     """pipeline.schedule against the module's virtual stages."""
     pipe = config.pipeline
     given = "schedule" in pipe.model_fields_set
+    if module.pipe_layout == "v":
+        if given and pipe.schedule != "dualpipev":
+            raise ValueError(
+                f"pipeline.schedule is {pipe.schedule!r} but the model is a DualPipeVModule, "
+                "which runs the dualpipev schedule: drop pipeline.schedule, or build a "
+                "PipelineModule"
+            )
+        return "dualpipev"
+    if given and pipe.schedule == "dualpipev":
+        raise ValueError(
+            "pipeline.schedule 'dualpipev' needs the model laid out as a V: build it with "
+            "deepspeed.pipe.DualPipeVModule (PipelineModule's arguments) instead of "
+            "PipelineModule"
+        )
     if module.virtual_stages > 1:
         if given and pipe.schedule != "interleaved":
             raise ValueError(

@@ -74,6 +74,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     def __init__(self, model: PipelineModule, config: Any, mpu: Any = None, **kwargs: Any) -> None:
         check_pipeline_config(config, model, mpu)
         self._tied = model.tied  # read by _model_param_groups during construction
+        self._loss_stage = model.loss_stage_id  # is_last_stage() is asked during construction
+        self._chunk_stage, self._stage_chunk = model.chunk_stage, model.stage_chunk  # the layout
         super().__init__(model, config, mpu=model.mpu(), **kwargs)
         self.grid = model.mpu()
         model.checkpoint_parallel_write_pipeline = bool(
@@ -117,38 +119,47 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._reset_buffers()
 
     def _make_channels(self, dyn: bool, base: int) -> None:
-        """Per model chunk c (virtual stage V = c*p + r): activations come from V-1 (the
-        previous rank in the ring) and go to V+1; gradients the other way. An edge's tag is
-        the lower virtual stage's, so both ends agree on it."""
-        p, r, last = self.num_stages, self.stage_id, self.num_stages * self.chunks - 1
+        """Per model chunk c (virtual stage V, placed by the module's chunk_stage):
+        activations come from the rank holding V-1 and go to the one holding V+1; gradients
+        the other way. An edge's tag is the lower virtual stage's, so both ends agree on it.
+        A neighbour on this rank (DualPipeV's turn) gets no channel: _hand_on maps the chunk
+        before the turn to the one after, which gets its inputs in-process."""
+        r, last = self.stage_id, self.num_stages * self.chunks - 1
         # under tensor slicing each tensor rank sends 1/n ([Note: partitioned p2p])
         pipe_cfg = self.config.pipeline
         acts = self.layout.tensor if pipe_cfg.pipe_partitioned else None
         grads = self.layout.tensor if pipe_cfg.grad_partitioned else None
-        prev_rank = self.grid.stage_to_global((r - 1) % p)
-        next_rank = self.grid.stage_to_global((r + 1) % p)
         self._act_in: dict[int, PipeChannel] = {}
         self._act_out: dict[int, PipeChannel] = {}
         self._grad_in: dict[int, PipeChannel] = {}
         self._grad_out: dict[int, PipeChannel] = {}
+        self._hand_on: dict[int, int] = {}
         for c in range(self.chunks):
-            v = c * p + r
+            v = self._chunk_stage(c)
             if v > 0:
-                what = f"activations into virtual stage {v}"
-                self._act_in[c] = PipeChannel(prev_rank, what, dyn, base + v - 1, split=acts)
-                what = f"input gradients of virtual stage {v}"
-                self._grad_out[c] = PipeChannel(prev_rank, what, dyn, base + v - 1, split=grads)
+                stage, _ = self._stage_chunk(v - 1)
+                peer = self.grid.stage_to_global(stage)
+                if stage != r:
+                    what = f"activations into virtual stage {v}"
+                    self._act_in[c] = PipeChannel(peer, what, dyn, base + v - 1, split=acts)
+                    what = f"input gradients of virtual stage {v}"
+                    self._grad_out[c] = PipeChannel(peer, what, dyn, base + v - 1, split=grads)
             if v < last:
+                stage, nxt = self._stage_chunk(v + 1)
+                peer = self.grid.stage_to_global(stage)
+                if stage == r:
+                    self._hand_on[c] = nxt
+                    continue
                 what = f"output of virtual stage {v}"
-                self._act_out[c] = PipeChannel(next_rank, what, dyn, base + v, split=acts)
+                self._act_out[c] = PipeChannel(peer, what, dyn, base + v, split=acts)
                 what = f"gradients into virtual stage {v}"
-                self._grad_in[c] = PipeChannel(next_rank, what, dyn, base + v, split=grads)
+                self._grad_in[c] = PipeChannel(peer, what, dyn, base + v, split=grads)
 
     def _is_first(self, c: int) -> bool:
-        return c == 0 and self.is_first_stage()
+        return self._chunk_stage(c) == 0
 
     def _is_last(self, c: int) -> bool:
-        return c == self.chunks - 1 and self.is_last_stage()
+        return self._chunk_stage(c) == self.num_stages * self.chunks - 1
 
     # -- construction hooks --
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
@@ -206,7 +217,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         return self.stage_id == 0
 
     def is_last_stage(self) -> bool:
-        return self.stage_id == self.num_stages - 1
+        """Whether this stage computes the loss: the last one, or under DualPipeV stage 0."""
+        return self.stage_id == self._loss_stage
 
     def _needs_data(self) -> bool:
         return self.is_first_stage() or self.is_last_stage()
@@ -356,7 +368,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         try:
             self._feed.prefetch(m, self._comm_device)
             with torch.no_grad():
-                self._run(sch.InferenceSchedule(m, self.num_stages, self.stage_id, self.chunks))
+                self._run(self._inference_schedule(m))
             out: Any = None
             self.total_loss = None
             if self.is_last_stage():
@@ -380,6 +392,9 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         return out
 
     # -- the schedule --
+    def _inference_schedule(self, micro_batches: int) -> sch.PipeSchedule:
+        return sch.InferenceSchedule(micro_batches, self.num_stages, self.stage_id, self.chunks)
+
     def _train_schedule(self) -> sch.PipeSchedule:
         m, p, s = self.micro_batches, self.num_stages, self.stage_id
         if self.chunks > 1:
@@ -402,7 +417,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
 
     def _run(self, sched: sch.PipeSchedule) -> None:
         self._reset_buffers()
-        if isinstance(sched, (sch.TrainSchedule, sch.InterleavedTrainSchedule)):
+        trains = (sch.TrainSchedule, sch.InterleavedTrainSchedule, sch.DualPipeVSchedule)
+        if isinstance(sched, trains) and not getattr(sched, "forward_only", False):
             self._backwards_left = sched.micro_batches * self.chunks
         handlers: dict[type, Callable[[Any], None]] = {
             sch.LoadMicroBatch: self._exec_load_micro_batch,
@@ -418,6 +434,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             # the strategy reduced in the batch's last backward ([Note: gradient strategy])
             sch.ReduceGrads: lambda _: None,
             sch.OptimizerStep: self._exec_optimizer_step,
+            sch.CommitP2P: lambda _: None,  # sends go out at once ([Note: pipeline p2p])
         }
         if self.timers.enabled:
             for kind, name in _TIMED.items():
@@ -506,6 +523,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             out = self.module(self._inputs[(c, b)], chunk=c)
         if not self._is_last(c):
             self._outputs[(c, b)] = out
+            if c in self._hand_on:
+                self._turn(c, b, out)
             return
         loss_fn: Any = getattr(self.module, "loss_fn", None)
         if self._compute_loss and loss_fn is not None:
@@ -526,6 +545,18 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         hook: Any = getattr(self.module, "get_additional_losses", None)
         if hook is not None and torch.is_grad_enabled():  # a training batch
             self._extras.add(hook())
+
+    def _turn(self, c: int, b: int, out: Any) -> None:
+        """DualPipeV's turn: chunk c's output is the next chunk's input on this rank, cut
+        from c's graph as a received one would be; its gradient comes back in _backward_roots."""
+        nxt = self._hand_on[c]
+        if not torch.is_grad_enabled():
+            self._inputs[(nxt, b)] = out
+            del self._outputs[(c, b)]
+            self._inputs.pop((c, b), None)
+            return
+        ins = tuple(t.detach().requires_grad_(t.requires_grad) for t in _as_tuple(out))
+        self._inputs[(nxt, b)] = ins[0] if len(ins) == 1 else ins
 
     def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
         key = self._key(cmd)
@@ -549,7 +580,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                 scaled = scaled * self.loss_scaler.loss_scale
             return [scaled], [None]
         outs = [o for o in _as_tuple(self._outputs.pop((c, b))) if o.requires_grad]
-        grads = list(self._grads_in.pop(c))
+        if c in self._hand_on:  # the turn: the next chunk's input gradients, on this rank
+            self._inputs.pop((self._hand_on[c], b), None)
+            grads = list(self._input_grads.pop((self._hand_on[c], b), ()))
+        else:
+            grads = list(self._grads_in.pop(c))
         if len(outs) != len(grads):
             raise RuntimeError(
                 f"stage {self.stage_id}: {len(outs)} outputs need gradients but the "
@@ -707,7 +742,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         t = torch.zeros((), device=self._comm_device)
         if value is not None:
             t.copy_(value.detach().reshape(()))
-        comm.group_broadcast(t, self.layout.pipe, self.layout.pipe.size - 1)
+        comm.group_broadcast(t, self.layout.pipe, self._loss_stage)
         return t
 
 

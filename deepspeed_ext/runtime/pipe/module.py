@@ -56,6 +56,10 @@ def _seed_everything(seed: int) -> None:
 
 
 class PipelineModule(torch.nn.Module):
+    # how virtual stages sit on the ranks (checkpoints record it): chunk c of rank r is
+    # virtual stage c * num_stages + r
+    pipe_layout = "interleaved"
+
     def __init__(
         self,
         layers: Sequence[Any],
@@ -99,8 +103,8 @@ class PipelineModule(torch.nn.Module):
         self.num_stages = self._topo.get_dim("pipe")
         if virtual_stages > 1 and self.num_stages < 2:
             raise ValueError(
-                f"virtual_stages={virtual_stages} interleaves model chunks over pipeline "
-                "stages: it needs num_stages >= 2"
+                f"{type(self).__name__} with {virtual_stages} model chunks per rank spreads "
+                "them over pipeline stages: it needs num_stages >= 2"
             )
         self.loss_fn = loss_fn
         self.seed_layers = seed_layers
@@ -119,11 +123,8 @@ class PipelineModule(torch.nn.Module):
         self._grid = PipelineParallelGrid(topology=self._topo)
         self.stage_id = self._grid.get_stage_id()
         self.chunk_ranges = [
-            (
-                self.parts[c * self.num_stages + self.stage_id],
-                self.parts[c * self.num_stages + self.stage_id + 1],
-            )
-            for c in range(virtual_stages)
+            (self.parts[v], self.parts[v + 1])
+            for v in (self.chunk_stage(c) for c in range(virtual_stages))
         ]
         self._local_start, self._local_stop = self.chunk_ranges[0]
         self._num_layers = len(self._layer_specs)  # upstream's name, read by subclasses
@@ -155,6 +156,23 @@ class PipelineModule(torch.nn.Module):
                 "or change num_stages"
             )
         return PipeDataParallelTopology(num_pp=num_stages, num_dp=self.world_size // num_stages)
+
+    # -- which rank holds which part: interleaved (ours) places virtual stage c * p + r on
+    # rank r as its chunk c; DualPipeVModule overrides these two for its V
+    def chunk_stage(self, chunk: int, stage_id: int | None = None) -> int:
+        """The virtual stage (index into the parts) of model chunk `chunk` on pipeline stage
+        `stage_id` (this rank's by default)."""
+        s = self.stage_id if stage_id is None else stage_id
+        return chunk * self.num_stages + s
+
+    def stage_chunk(self, virtual_stage: int) -> tuple[int, int]:
+        """The (pipeline stage, model chunk) holding a virtual stage."""
+        return virtual_stage % self.num_stages, virtual_stage // self.num_stages
+
+    @property
+    def loss_stage_id(self) -> int:
+        """The pipeline stage holding the model's last layers (it computes the loss)."""
+        return self.stage_chunk(self.num_stages * self.virtual_stages - 1)[0]
 
     def local_layer_indices(self) -> list[int]:
         """Global indices of this rank's layers, chunk by chunk."""
@@ -251,7 +269,7 @@ class PipelineModule(torch.nn.Module):
             raise ValueError(f"layer {layer_idx} is not in this model's {len(self._layer_specs)}")
         for part in range(len(self.parts) - 1):
             if self.parts[part] <= layer_idx < self.parts[part + 1]:
-                return part % self.num_stages  # virtual stage c * stages + rank
+                return self.stage_chunk(part)[0]
         raise AssertionError("unreachable: parts cover every layer")
 
     def partitions(self) -> list[int]:

@@ -41,6 +41,13 @@ class OptimizerStep(PipeInstruction):
     pass
 
 
+class CommitP2P(PipeInstruction):
+    """Upstream's DualPipeV launches its queued sends and receives at this instruction.
+    Here sends go out at once and receives are posted ahead ([Note: pipeline p2p]), so
+    there is nothing to commit: the engine accepts it (a user's own schedule may yield it)
+    and does nothing."""
+
+
 class ReduceGrads(PipeInstruction):
     pass
 
@@ -142,28 +149,32 @@ class PipeSchedule:
         return backward_cmds(buf, self.is_first_stage, self.is_last_stage)
 
 
-def forward_cmds(buf: int, first: bool, last: bool, **chunk: int) -> list[PipeInstruction]:
-    """One micro-batch's forward on a (virtual) stage: load or receive, run, send on."""
+def forward_cmds(
+    buf: int, first: bool, last: bool, turn: bool = False, **chunk: int
+) -> list[PipeInstruction]:
+    """One micro-batch's forward on a (virtual) stage: load or receive, run, send on. `turn`:
+    the neighbouring virtual stage is on this rank (DualPipeV's turn), which hands over
+    in-process instead of a message."""
     cmds: list[PipeInstruction] = []
     if first or last:
         cmds.append(LoadMicroBatch(buf, **chunk))
-    if not first:
+    if not (first or (turn and chunk.get("chunk") == 1)):
         cmds.append(RecvActivation(buf, **chunk))
     cmds.append(ForwardPass(buf, **chunk))
-    if not last:
+    if not (last or (turn and chunk.get("chunk") == 0)):
         cmds.append(SendActivation(buf, **chunk))
     return cmds
 
 
 def backward_cmds(
-    buf: int, first: bool, last: bool, split: bool = False, **chunk: int
+    buf: int, first: bool, last: bool, split: bool = False, turn: bool = False, **chunk: int
 ) -> list[PipeInstruction]:
     """One micro-batch's backward (its B alone when `split`): receive, run, send back."""
     cmds: list[PipeInstruction] = []
-    if not last:
+    if not (last or (turn and chunk.get("chunk") == 0)):
         cmds.append(RecvGrad(buf, **chunk))
     cmds.append(BackwardInputPass(buf, **chunk) if split else BackwardPass(buf, **chunk))
-    if not first:
+    if not (first or (turn and chunk.get("chunk") == 1)):
         cmds.append(SendGrad(buf, **chunk))
     return cmds
 
@@ -328,3 +339,75 @@ class InterleavedTrainSchedule(PipeSchedule):
             make = forward_cmds if kind == "F" else backward_cmds
             yield make(mb, self._first(c), self._last(c), chunk=c)
         yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]
+
+
+class DualPipeVSchedule(PipeSchedule):
+    """DualPipeV (DeepSeek-V3): rank r holds stage r (chunk 0) and stage 2p-1-r (chunk 1) of
+    2p; micro-batches go out through the chunk-0 stages, turn around on the last rank and
+    come back through the chunk-1 stages to rank 0, which loads them and computes the loss.
+    Rank r runs, with F0/B0 chunk 0's forward/backward and each (kind, chunk) in micro-batch
+    order:  2(p-r-1) F0 | (r+1) x F0 F1 | (p-r-1) x B1 F1 | m-2p+r+1 x F0 B1 F1 B0 |
+    (p-r-1) x B1 F1 B0 | (r+1) x B1 B0 | (p-r-1) x B0;  the weight gradients stay inside
+    each backward (as upstream's). Training needs m >= 2p. forward_only (eval): rank r runs
+    min(m, 2(p-r)-1) F0 first, then alternates F1 and F0: never more in flight than the
+    round trip to the turn and back needs, so no stream waits on one that waits on it.
+    Instructions carry `chunk=` (upstream's phase) and buffer = micro-batch."""
+
+    def __init__(
+        self, micro_batches: int, stages: int, stage_id: int, forward_only: bool = False
+    ) -> None:
+        super().__init__(micro_batches, stages, stage_id)
+        if not forward_only and micro_batches < 2 * stages:
+            raise ValueError(
+                f"DualPipeV trains at least 2 * stages = {2 * stages} micro-batches a batch, "
+                f"not {micro_batches}: raise gradient_accumulation_steps"
+            )
+        self.forward_only = forward_only
+        self.chunks = 2
+
+    def num_pipe_buffers(self) -> int:
+        return self.micro_batches  # per chunk: buffer = micro-batch index
+
+    def order(self) -> list[tuple[str, int, int]]:
+        """("F" | "B", chunk, micro-batch) in execution order."""
+        p, r, m = self.stages, self.stage_id, self.micro_batches
+        done = {("F", 0): 0, ("F", 1): 0, ("B", 0): 0, ("B", 1): 0}
+        seq: list[tuple[str, int, int]] = []
+
+        def run(*ops: str) -> None:
+            for op in ops:  # "F0", "B1", ...
+                key = (op[0], int(op[1]))
+                seq.append((op[0], key[1], done[key]))
+                done[key] += 1
+
+        if self.forward_only:
+            run(*["F0"] * min(m, 2 * (p - r) - 1))
+            while done[("F", 1)] < m:
+                run("F1")
+                if done[("F", 0)] < m:
+                    run("F0")
+            return seq
+        plan = [
+            (2 * (p - r - 1), ("F0",)),
+            (r + 1, ("F0", "F1")),
+            (p - r - 1, ("B1", "F1")),
+            (m - 2 * p + r + 1, ("F0", "B1", "F1", "B0")),
+            (p - r - 1, ("B1", "F1", "B0")),
+            (r + 1, ("B1", "B0")),
+            (p - r - 1, ("B0",)),
+        ]
+        for times, ops in plan:
+            for _ in range(times):
+                run(*ops)
+        return seq
+
+    def steps(self) -> Iterator[list[PipeInstruction]]:
+        p, r = self.stages, self.stage_id
+        turn = r == p - 1
+        for kind, c, mb in self.order():
+            first = c == 0 and r == 0
+            last = c == 1 and r == 0
+            make = forward_cmds if kind == "F" else backward_cmds
+            yield make(mb, first, last, turn=turn, chunk=c)
+        if not self.forward_only:
+            yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]

@@ -54,6 +54,11 @@ def test_partitioned_pipe_keys_halve_the_bytes_between_stages() -> None:
         # every rank sends (stage 0 activations, stage 1 gradients); the negotiation
         # messages and the 16-byte headers are not halved
         assert 0.45 < split / whole < 0.6, (split, whole)
+    # DualPipeV's V over the same sliced stages, its p2p partitioned too
+    ref = pr.reference(2, 4, 1)["losses"]
+    for r in out:
+        assert r["dualpipev"]["split"]
+        torch.testing.assert_close(torch.tensor(r["dualpipev"]["losses"]), torch.tensor(ref))
 
 
 @pytest.mark.parametrize("world, ok", [(64, True), (48, False)])

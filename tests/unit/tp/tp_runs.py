@@ -333,9 +333,11 @@ def fp32_export_logits(save_dir: str) -> float:
         return float((a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max())
 
 
-def _pipeline_3d_engine(gas: int, zero: int, dp: int, pipeline: dict | None = None) -> Any:
+def _pipeline_3d_engine(
+    gas: int, zero: int, dp: int, pipeline: dict | None = None, v: bool = False
+) -> Any:
     """TP 2 x PP 2 x DP `dp` on the pipeline tests' tiny GPT (tied embedding and head), its
-    blocks' up / down layers sliced by partition_config rules."""
+    blocks' up / down layers sliced by partition_config rules (`v`: as a DualPipeVModule)."""
     from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
     from deepspeed_ext.runtime.initialize import initialize
     from tests.unit.runtime.pipe import pipe_runs as pr
@@ -346,6 +348,7 @@ def _pipeline_3d_engine(gas: int, zero: int, dp: int, pipeline: dict | None = No
         loss_fn=pr.lm_loss,
         seed_layers=True,
         partition_method="uniform",
+        v=v,
     )
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": pr.MICRO,
@@ -442,7 +445,7 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
 def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
     """TP 2 x PP 2 on 4 ranks, trained with pipeline.pipe_partitioned / grad_partitioned on
     (the default) and off: each run's losses and the bytes its point-to-point sends put on
-    the link between stages."""
+    the link between stages; then DualPipeV's (partitioned, 4 micro-batches) losses."""
     from deepspeed_ext import comm
 
     out: dict[str, Any] = {}
@@ -455,6 +458,11 @@ def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
         out[name] = {"losses": losses, "isend_bytes": comm.comms_logger.total_bytes("isend")}
         comm.comms_logger.configure(enabled=False)
         engine.destroy()
+    engine = _pipeline_3d_engine(4, 0, dp=1, v=True)
+    out["dualpipev"] = {
+        "losses": _train_3d(engine, steps, 4),
+        "split": all(ch.split is not None for ch in [*engine._act_in.values()]),
+    }
     return out
 
 

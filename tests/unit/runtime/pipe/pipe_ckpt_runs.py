@@ -16,10 +16,14 @@ from . import pipe_runs as pr
 GAS = 2
 
 
-def _engine(stages: int, zero: int, gas: int, dtype: str, parallel_write: bool = False) -> Any:
+def _engine(
+    stages: int, zero: int, gas: int, dtype: str, parallel_write: bool = False, v: bool = False
+) -> Any:
     from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import DualPipeVModule
 
-    module = PipelineModule(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
+    cls = DualPipeVModule if v else PipelineModule
+    module = cls(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": pr.MICRO,
         "gradient_accumulation_steps": gas,
@@ -91,6 +95,41 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     }
 
 
+def dualpipev(root: str) -> dict[str, Any]:
+    """2 stages x 2 data ranks at ZeRO 1, 4 micro-batches a rank: DualPipeV's checkpoint
+    resumed by DualPipeV (exactly the uninterrupted run) and by 1F1B (another layout), and
+    1F1B's resumed by DualPipeV."""
+
+    def steps(engine: Any, span: range) -> list[float]:
+        out = []
+        for s in span:
+            it = iter(pr.batches(s, engine.dp_rank, 4)) if engine._needs_data() else None
+            out.append(float(engine.train_batch(it)))
+        return out
+
+    where = Path(root) / "dualpipev"
+    first = _engine(2, 1, 4, "fp32", v=True)
+    losses = steps(first, range(2))
+    first.save_checkpoint(where / "v")
+    cont = steps(first, range(2, 4))
+    same = _engine(2, 1, 4, "fp32", v=True)
+    same.load_checkpoint(where / "v")
+    ring = _engine(2, 1, 4, "fp32")
+    ring.load_checkpoint(where / "v")
+    plain = _engine(2, 1, 4, "fp32")
+    steps(plain, range(2))
+    plain.save_checkpoint(where / "1f1b")
+    back = _engine(2, 1, 4, "fp32", v=True)
+    back.load_checkpoint(where / "1f1b")
+    return {
+        "losses": losses + cont,
+        "same_layout": steps(same, range(2, 4)),
+        "to_1f1b": steps(ring, range(2, 4)),
+        "from_1f1b": steps(back, range(2, 4)),
+        "where": str(where / "v" / "global_step2"),
+    }
+
+
 def parallel_write(root: str) -> dict[str, Any]:
     """checkpoint.parallel_write.pipeline_stage: which layer files each rank wrote, with and
     without it, and whether the two checkpoints' layer files hold the same tensors."""
@@ -124,5 +163,5 @@ def parallel_write(root: str) -> dict[str, Any]:
 
 
 def all_cases(root: str, cases: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    """Each case's resume, then (last) the parallel-write run."""
-    return [*(resume(root, z, d) for z, d in cases), parallel_write(root)]
+    """Each case's resume, the DualPipeV run, then (last) the parallel-write run."""
+    return [*(resume(root, z, d) for z, d in cases), dualpipev(root), parallel_write(root)]

@@ -43,7 +43,7 @@ def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(logits.float().reshape(-1, VOCAB), labels.reshape(-1))
 
 
-def specs(tied: bool = True) -> list[Any]:
+def specs(tied: bool = True, blocks: int = BLOCKS) -> list[Any]:
     from deepspeed_ext.runtime.pipe import LayerSpec, TiedLayerSpec
 
     head: Any = (
@@ -53,7 +53,7 @@ def specs(tied: bool = True) -> list[Any]:
     )
     return [
         TiedLayerSpec("embed", Embed, VOCAB, DIM),
-        *[LayerSpec(Block, DIM) for _ in range(BLOCKS)],
+        *[LayerSpec(Block, DIM) for _ in range(blocks)],
         LayerSpec(nn.LayerNorm, DIM),
         head,
     ]
@@ -73,11 +73,11 @@ def batches(step: int, dp_rank: int, gas: int) -> list[tuple[torch.Tensor, torch
 class Reference(nn.Module):
     """The same layers, seeded as PipelineModule(seed_layers=True) seeds them."""
 
-    def __init__(self, tied: bool = True, base_seed: int = 1234) -> None:
+    def __init__(self, tied: bool = True, base_seed: int = 1234, blocks: int = BLOCKS) -> None:
         super().__init__()
         layers = []
         self.embed: Embed | None = None
-        for idx, spec in enumerate(specs(tied)):
+        for idx, spec in enumerate(specs(tied, blocks)):
             torch.manual_seed(base_seed + idx)
             if getattr(spec, "key", None) == "embed" and self.embed is not None:
                 layers.append(None)  # the tied head: reuses the embedding
@@ -97,12 +97,18 @@ class Reference(nn.Module):
 
 
 def reference(
-    steps: int, gas: int, dp: int, tied: bool = True, data: Any = None, warmup: int = 0
+    steps: int,
+    gas: int,
+    dp: int,
+    tied: bool = True,
+    data: Any = None,
+    warmup: int = 0,
+    blocks: int = BLOCKS,
 ) -> dict[str, Any]:
     """data(step, dp_rank, gas) -> micro-batches (default: batches); warmup: WarmupLR steps
     (the engine's scheduler, itself tested against its formula)."""
     data = data or batches
-    model = Reference(tied)
+    model = Reference(tied, blocks=blocks)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     sched = None
     if warmup:
@@ -138,19 +144,21 @@ def reference(
 
 
 # -- the pipeline run (in each spawned rank) --
-def aux_pipe(*args: Any, **kwargs: Any) -> Any:
-    """A PipelineModule with upstream's get_additional_losses hook: the mean square of the
-    last stage's output, returned on the last stage only."""
-    from deepspeed_ext.runtime.pipe import PipelineModule
+def aux_pipe(*args: Any, v: bool = False, **kwargs: Any) -> Any:
+    """A PipelineModule (a DualPipeVModule when `v`) with upstream's get_additional_losses
+    hook: the mean square of the last stage's output, returned on the loss stage only."""
+    from deepspeed_ext.runtime.pipe import DualPipeVModule, PipelineModule
 
-    class AuxPipe(PipelineModule):
+    base: Any = DualPipeVModule if v else PipelineModule
+
+    class AuxPipe(base):  # type: ignore[misc,valid-type]
         def forward(self, forward_input: Any, chunk: int = 0) -> Any:
             out = super().forward(forward_input, chunk)
             self._aux = out.detach().float().pow(2).mean()
             return out
 
         def get_additional_losses(self) -> Any:
-            return {"logits_sq": self._aux} if self.stage_id == self.num_stages - 1 else None
+            return {"logits_sq": self._aux} if self.stage_id == self.loss_stage_id else None
 
     return AuxPipe(*args, **kwargs)
 
@@ -164,16 +172,19 @@ def pipeline_run(
     tied: bool = True,
     chunks: int = 1,
     schedule: str | None = None,
+    blocks: int = BLOCKS,
 ) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
 
+    v = schedule == "dualpipev"
     module = aux_pipe(
-        specs(tied),
+        specs(tied, blocks),
+        v=v,
         num_stages=stages,
         loss_fn=lm_loss,
         seed_layers=True,
         partition_method="uniform",
-        virtual_stages=chunks,
+        **({} if v else {"virtual_stages": chunks}),
     )
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": MICRO,
@@ -203,6 +214,7 @@ def pipeline_run(
     return {
         "rank": int(os.environ["RANK"]),
         "stage": engine.stage_id,
+        "loss_stage": engine.is_last_stage(),
         "dp": dp_rank,
         "parts": module.parts,
         "losses": losses,
@@ -223,12 +235,25 @@ def _receivers(engine: Any) -> list[Any]:
 
 def pipeline_cases(cases: list[tuple[Any, ...]], steps: int, gas: int) -> list[dict[str, Any]]:
     """Several configurations in one set of spawned ranks (spawning is the slow part):
-    (stages, zero stage, dtype[, model chunks per rank or a pipeline.schedule name])."""
+    (stages, zero stage, dtype[, model chunks per rank or a pipeline.schedule name[,
+    {"gas": ..., "blocks": ...} overrides]])."""
     out = []
     for c in cases:
         extra = c[3] if len(c) > 3 else 1
         chunks, schedule = (1, extra) if isinstance(extra, str) else (extra, None)
-        out.append(pipeline_run(c[0], c[1], c[2], steps, gas, chunks=chunks, schedule=schedule))
+        over = c[4] if len(c) > 4 else {}
+        out.append(
+            pipeline_run(
+                c[0],
+                c[1],
+                c[2],
+                steps,
+                over.get("gas", gas),
+                chunks=chunks,
+                schedule=schedule,
+                blocks=over.get("blocks", BLOCKS),
+            )
+        )
     return out
 
 

@@ -77,6 +77,51 @@ def interleaved() -> dict[str, Any]:
     return {"losses": losses, "eval": float(loss), "schedule": engine.schedule_name}
 
 
+def dualpipev() -> dict[str, Any]:
+    """DualPipeV on 2 ranks (4 stages as a V): a batch of 3 micro-batches is refused by
+    name; 4 train as the reference does; eval_batch (any count) returns the loss and, on
+    stage 0 where the loss is, the logits; and a model given as an nn.Sequential with the
+    pipeline_parallelism key and pipeline.schedule "dualpipev" is cut as a V, passing
+    (activations, int mask) tuples through the turn."""
+    from deepspeed_ext.runtime.pipe import DualPipeVModule
+
+    def v_module(**kw: Any) -> Any:
+        args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
+        return DualPipeVModule(pr.specs(), **{**args, **kw})
+
+    try:
+        _engine(v_module(), gas=3)
+        refused = ""
+    except ValueError as e:
+        refused = str(e)
+    engine = _engine(v_module(), gas=4)
+    losses = _train(engine, 2, gas=4)
+    data = pr.batches(99, 0, 3)
+    it = iter(data) if engine._needs_data() else None
+    loss, logits = engine.eval_batch(it, return_logits=True, num_micro_batches=3)
+    as_v = {"schedule": "dualpipev"}
+    keyed = _engine(sequential(), gas=4, pipeline_parallelism={"num_stages": 2}, pipeline=as_v)
+    dyn = _engine(v_module(dynamic_shape=True), gas=4)
+    ragged = []
+    for step in range(2):
+        it = iter(_ragged(step, 4)) if dyn._needs_data() else None
+        ragged.append(float(dyn.train_batch(it)))
+    return {
+        "refused": refused,
+        "engine": type(engine).__name__,
+        "losses": losses,
+        "eval": float(loss),
+        "total_loss": None if engine.total_loss is None else float(engine.total_loss),
+        "logits": None if logits is None else list(logits.shape),
+        "keyed": {
+            "type": type(keyed.module).__name__,
+            "parts": keyed.module.parts,
+            "losses": _train(keyed, 2, gas=4),
+        },
+        "ragged": ragged,
+    }
+
+
 def checkpointed() -> dict[str, Any]:
     engine = _engine(_module(activation_checkpoint_interval=1))
     return {"losses": _train(engine, 3)}
@@ -350,6 +395,7 @@ SCENARIOS = {
     "stage_p2p": stage_p2p,
     "tied_groups": tied_groups,
     "interleaved": interleaved,
+    "dualpipev": dualpipev,
     "checkpointed": checkpointed,
     "timed": timed,
     "fp16": fp16,

@@ -1,7 +1,8 @@
 """Pipeline checkpoints: upstream's per-layer layout; a resume at the same layout continues
 exactly as the uninterrupted run; a resume at 4 stages x 1 and at 1 stage x 4 data ranks
-(from 2 stages x 2 data ranks, the global batch kept) continues as the single-process
-reference does, optimizer state included (re-cut by parameter name)."""
+(from 2 stages x 2 data ranks, the global batch kept), and between 1F1B and DualPipeV,
+continues as the single-process reference does, optimizer state included (re-cut by
+parameter name)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,30 @@ def test_resume(runs: list[list[dict]], case: int) -> None:
             )
         assert r["client"] == {"note": "hi"}
         assert r["steps"] == (4, 4)
+
+
+def test_dualpipev_checkpoints_resume_and_change_layout(runs: list[list[dict]]) -> None:
+    """A DualPipeV checkpoint (2 stages per rank as a V) resumes exactly under DualPipeV and
+    as the reference under 1F1B; a 1F1B one resumes under DualPipeV; zero_to_fp32 reads it."""
+    from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import (
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
+
+    ref = pr.reference(4, 4, 2, warmup=3)["losses"]
+    for r in (x[-2] for x in runs):
+        torch.testing.assert_close(torch.tensor(r["losses"]), torch.tensor(ref))
+        assert r["same_layout"] == r["losses"][2:]
+        for moved in ("to_1f1b", "from_1f1b"):
+            torch.testing.assert_close(torch.tensor(r[moved]), torch.tensor(ref[2:]), msg=moved)
+    sd = get_fp32_state_dict_from_zero_checkpoint(runs[0][-2]["where"])
+    ref2 = pr.reference(2, 4, 2, warmup=3)
+    want = dict(zip([n for n, _ in ref2["model"].named_parameters()], ref2["params"]))
+    assert len(sd) == len(want)
+    for name, t in sd.items():
+        ref_name = (
+            "embed." + name.split(".", 2)[2] if name.startswith("tied_") else "layers." + name
+        )
+        torch.testing.assert_close(t, want[ref_name], rtol=1e-5, atol=1e-5, msg=name)
 
 
 def test_default_load_state_dir_loads_each_stages_layers(runs: list[list[dict]]) -> None:

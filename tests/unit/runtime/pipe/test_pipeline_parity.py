@@ -1,7 +1,8 @@
 """Pipeline parity on real gloo ranks: per-step losses and final weights of 2 stages x 2
-data-parallel and 4 stages x 1, at ZeRO 0/1/2, equal a single-process torch run on the same
-global batches (fp32); bf16 runs track it within bf16's precision. The model ties its input
-embedding to the output head across the first and last stages."""
+data-parallel and 4 stages x 1, at ZeRO 0/1/2, under 1F1B, interleaving, ZB-H1 and DualPipeV,
+equal a single-process torch run on the same global batches (fp32); bf16 runs track it within
+bf16's precision. The model ties its input embedding to the output head across the first and
+last stages (under DualPipeV both are on stage 0)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ CASES = [
     (2, 0, "fp32", "zb-h1"),  # zero bubble: backward split into B and W
     (4, 2, "fp32", "zb-h1"),
     (4, 1, "bf16", "zb-h1"),
+    # DualPipeV: 2 stages per rank as a V, the loss on stage 0; 4 ranks need 2 * 4
+    # micro-batches and 8 layers
+    (2, 0, "fp32", "dualpipev"),
+    (2, 2, "fp32", "dualpipev"),
+    (2, 1, "bf16", "dualpipev"),
+    (4, 1, "fp32", "dualpipev", {"gas": 8, "blocks": 6}),
 ]
 
 
@@ -50,15 +57,22 @@ def _id(c: tuple) -> str:
 
 
 def _chunks(c: tuple) -> int:
+    if len(c) > 3 and c[3] == "dualpipev":
+        return 2
     return c[3] if len(c) > 3 and isinstance(c[3], int) else 1
+
+
+def _over(c: tuple) -> dict[str, int]:
+    return {"gas": GAS, "blocks": pr.BLOCKS, **(c[4] if len(c) > 4 else {})}
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[_id(c) for c in CASES])
 def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
     stages, _, dtype = CASES[case][:3]
     dp = 4 // stages
-    ref_model = pr.Reference()
-    ref = pr.reference(STEPS, GAS, dp)
+    gas, blocks = _over(CASES[case])["gas"], _over(CASES[case])["blocks"]
+    ref_model = pr.Reference(blocks=blocks)
+    ref = pr.reference(STEPS, gas, dp, blocks=blocks)
     ref_weights = dict(zip([n for n, _ in ref_model.named_parameters()], ref["params"]))
     per_rank = [r[case] for r in runs]
     tol = {"fp32": dict(rtol=1e-5, atol=1e-5), "bf16": dict(rtol=3e-2, atol=3e-2)}[dtype]
@@ -67,9 +81,11 @@ def test_matches_single_process(runs: list[list[dict]], case: int) -> None:
         # the last stage's additional loss, on every stage ([Note: additional losses])
         torch.testing.assert_close(torch.tensor(r["aux"]), torch.tensor(ref["aux"]), **tol)
         # upstream's: this replica's mean on every stage; the last stage's micro-batch sum
-        own = torch.tensor([sums[r["dp"]] / GAS for sums in ref["sums"]])
+        own = torch.tensor([sums[r["dp"]] / gas for sums in ref["sums"]])
         torch.testing.assert_close(torch.tensor(r["dp_group_loss"]), own, **tol)
-        if r["stage"] == stages - 1:
+        v = CASES[case][3:4] == ("dualpipev",)
+        assert r["loss_stage"] == (r["stage"] == (0 if v else stages - 1))
+        if r["loss_stage"]:
             sums = torch.tensor([s[r["dp"]] for s in ref["sums"]])
             torch.testing.assert_close(torch.tensor(r["total_loss"]), sums, **tol)
         else:
@@ -94,16 +110,15 @@ def test_receives_are_posted_early_and_none_outlive_a_batch(runs: list[list[dict
         assert chans, CASES[case]
         for posted, left in chans:
             assert not left, CASES[case]
-            assert posted == STEPS * (GAS - 1), CASES[case]
+            assert posted == STEPS * (_over(CASES[case])["gas"] - 1), CASES[case]
 
 
 def test_tied_copies_stay_equal(runs: list[list[dict]]) -> None:
     for case, (stages, *_) in enumerate(CASES):
-        copies = [
-            r[case]["weights"]["tied_modules.embed.weight"]
-            for r in runs
-            if r[case]["stage"] in (0, stages - 1)
-        ]
+        name = "tied_modules.embed.weight"
+        copies = [r[case]["weights"][name] for r in runs if name in r[case]["weights"]]
+        # on the first and last stages of each replica; DualPipeV's are both stage 0
+        assert len(copies) == (4 // stages) * (1 if CASES[case][3:4] == ("dualpipev",) else 2)
         for c in copies[1:]:
             torch.testing.assert_close(c, copies[0], rtol=0, atol=0)
 

@@ -68,6 +68,29 @@ def test_interleaved_train_and_eval(runs: list[dict]) -> None:
         close([r["interleaved"]["eval"]], [sum(per_mb) / 3])
 
 
+def test_dualpipev_train_eval_config_key_and_dynamic_shapes(runs: list[dict]) -> None:
+    ref = pr.reference(2, 4, 1)
+    model = ref["model"].eval()
+    with torch.no_grad():
+        per_mb = [float(pr.lm_loss(model(ids), labels)) for ids, labels in pr.batches(99, 0, 3)]
+    keyed_ref = ps.sequential_reference(2, 4)
+    ragged_ref = pr.reference(2, 4, 1, data=lambda step, d, gas: ps._ragged(step, gas))
+    for r in runs:
+        d = r["dualpipev"]
+        assert "gradient_accumulation_steps=3" in d["refused"], d["refused"]
+        assert "at least 2 * num_stages = 4" in d["refused"]
+        assert d["engine"] == "DualPipeVEngine"
+        close(d["losses"], ref["losses"])
+        close([d["eval"]], [sum(per_mb) / 3])
+        assert d["keyed"]["type"] == "DualPipeVModule" and len(d["keyed"]["parts"]) == 5
+        close(d["keyed"]["losses"], keyed_ref)
+        close(d["ragged"], ragged_ref["losses"])
+    # the loss stage is stage 0: the logits and upstream's total_loss live there
+    assert runs[0]["dualpipev"]["logits"] == [pr.MICRO, pr.SEQ, pr.VOCAB]
+    close([runs[0]["dualpipev"]["total_loss"]], [sum(per_mb)])
+    assert runs[1]["dualpipev"]["logits"] is None and runs[1]["dualpipev"]["total_loss"] is None
+
+
 def test_wall_clock_breakdown_times_the_pipeline_instructions(runs: list[dict]) -> None:
     """Upstream's timer names, per stage: the first stage loads inputs, sends activations and
     receives gradients; the last the reverse (and loads labels). The parts stay within the

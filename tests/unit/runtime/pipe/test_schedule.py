@@ -234,3 +234,132 @@ def test_upstreams_schedule_names() -> None:
     assert steps == [mb, mb, [sch.ReduceGrads(), sch.OptimizerStep()]]
     with pytest.raises(ValueError, match="one stage"):
         list(DataParallelSchedule(micro_batches=2, stages=2, stage_id=0))
+
+
+def _v_holder(v: int, p: int) -> tuple[int, int]:
+    return (v, 0) if v < p else (2 * p - 1 - v, 1)
+
+
+def _v_stage(r: int, c: int, p: int) -> int:
+    return r if c == 0 else 2 * p - 1 - r
+
+
+def simulate_v(streams: list[list[sch.PipeInstruction]], p: int) -> list[list[tuple]]:
+    """DualPipeV streams: chunk c of rank r is virtual stage r (c=0) or 2p-1-r (c=1); a send
+    goes to the rank holding the next (activations) or previous (gradients) virtual stage.
+    The turn on the last rank has no messages: its chunk 1 forward must follow chunk 0's,
+    its chunk 0 backward chunk 1's. Per-edge FIFO order is checked."""
+    pc = [0] * p
+    links: dict[tuple[str, int, int], deque[int]] = {}
+    done: list[list[tuple]] = [[] for _ in range(p)]
+    ran: set[tuple[str, int, int, int]] = set()
+    while any(pc[r] < len(streams[r]) for r in range(p)):
+        progressed = False
+        for r in range(p):
+            while pc[r] < len(streams[r]):
+                cmd = streams[r][pc[r]]
+                c, b = cmd.kwargs.get("chunk", 0), getattr(cmd, "buffer_id", None)
+                v = _v_stage(r, c, p)
+                if isinstance(cmd, (sch.RecvActivation, sch.RecvGrad)):
+                    kind = "act" if isinstance(cmd, sch.RecvActivation) else "grad"
+                    q = links.setdefault((kind, r, c), deque())
+                    if not q:
+                        break
+                    assert q.popleft() == b
+                elif isinstance(cmd, sch.SendActivation):
+                    assert _v_holder(v + 1, p)[0] != r, "a message across the turn"
+                    links.setdefault(("act", *_v_holder(v + 1, p)), deque()).append(b)
+                elif isinstance(cmd, sch.SendGrad):
+                    assert _v_holder(v - 1, p)[0] != r, "a message across the turn"
+                    links.setdefault(("grad", *_v_holder(v - 1, p)), deque()).append(b)
+                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass)):
+                    k = type(cmd).__name__[0]
+                    if r == p - 1 and (k, c) in (("F", 1), ("B", 0)):
+                        assert (k, 1 - c, r, b) in ran, f"{k}{c} of {b} before the turn"
+                    if k == "B":
+                        assert ("F", c, r, b) in ran
+                    ran.add((k, c, r, b))
+                    done[r].append((k, c, b))
+                pc[r] += 1
+                progressed = True
+        if not progressed:
+            raise AssertionError(f"deadlock: p={p} at {pc}")
+    return done
+
+
+def _v_streams(m: int, p: int, forward_only: bool = False) -> list[list[sch.PipeInstruction]]:
+    return [
+        [c for st in sch.DualPipeVSchedule(m, p, r, forward_only).steps() for c in st]
+        for r in range(p)
+    ]
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("extra", [0, 1, 5])
+def test_dualpipev_schedule(p: int, extra: int) -> None:
+    m = 2 * p + extra
+    streams = _v_streams(m, p)
+    done = simulate_v(streams, p)
+    for r in range(p):
+        for kind in "FB":
+            for c in (0, 1):
+                assert [b for k, cc, b in done[r] if (k, cc) == (kind, c)] == list(range(m))
+        loads = [cmd.kwargs["chunk"] for cmd in streams[r] if isinstance(cmd, sch.LoadMicroBatch)]
+        assert sorted(loads) == (sorted([0, 1] * m) if r == 0 else [])  # rank 0 alone reads
+        assert streams[r][-3:] == [sch.ReduceTiedGrads(), sch.ReduceGrads(), sch.OptimizerStep()]
+    if p > 1:  # rank 0 warms up with 2(p-1) chunk-0 forwards, then one of each chunk
+        assert [k + str(c) for k, c, _ in done[0][: 2 * p]] == ["F0"] * (2 * p - 1) + ["F1"]
+
+
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_dualpipev_forward_only(p: int, m: int) -> None:
+    streams = _v_streams(m, p, forward_only=True)
+    done = simulate_v(streams, p)
+    for r in range(p):
+        assert sorted(done[r]) == sorted(("F", c, b) for c in (0, 1) for b in range(m))
+        assert not any(isinstance(cmd, sch.OptimizerStep) for cmd in streams[r])
+
+
+def test_dualpipev_needs_two_micro_batches_per_stage_to_train() -> None:
+    with pytest.raises(ValueError, match="at least 2 \\* stages = 8 micro-batches a batch, not 7"):
+        sch.DualPipeVSchedule(7, 4, 0)
+    sch.DualPipeVSchedule(7, 4, 0, forward_only=True)
+
+
+def timed_v(orders: list[list[tuple[str, int, int]]], cost: dict[str, float]) -> float:
+    """Makespan of DualPipeV's per-rank (kind, chunk, micro-batch) orders over 2p virtual
+    stages: F waits for the previous virtual stage's F, B for this one's F and the next
+    one's B; transfers are free."""
+    p = len(orders)
+    end: dict[tuple[str, int, int], float] = {}
+    clock, pc = [0.0] * p, [0] * p
+    while any(pc[r] < len(orders[r]) for r in range(p)):
+        moved = False
+        for r in range(p):
+            while pc[r] < len(orders[r]):
+                kind, c, mb = orders[r][pc[r]]
+                v = _v_stage(r, c, p)
+                if kind == "F":
+                    deps = [("F", mb, v - 1)] if v else []
+                else:
+                    deps = [("F", mb, v)] + ([("B", mb, v + 1)] if v < 2 * p - 1 else [])
+                if any(d not in end for d in deps):
+                    break
+                clock[r] = max([clock[r]] + [end[d] for d in deps]) + cost[kind]
+                end[(kind, mb, v)] = clock[r]
+                pc[r] += 1
+                moved = True
+        assert moved, "deadlock"
+    return max(clock)
+
+
+@pytest.mark.parametrize("m", [8, 16, 32])
+def test_dualpipev_idles_less_than_1f1b_on_the_same_ranks(m: int) -> None:
+    """Each rank does the same work either way (two half-size stages or one whole one):
+    DualPipeV, filling the pipe from both ends, idles less than 1F1B's 3(p-1) per rank."""
+    p = 4
+    one_f_one_b = timed([sch.TrainSchedule(m, p, s).order() for s in range(p)], {"F": 2, "B": 4})
+    v = timed_v([sch.DualPipeVSchedule(m, p, r).order() for r in range(p)], {"F": 1, "B": 2})
+    assert one_f_one_b - 6 * m == 6 * (p - 1)
+    assert v - 6 * m < one_f_one_b - 6 * m
