@@ -16,12 +16,17 @@ Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per
             less m*(F+B+W)) is compared with ours 1F1B's (theory: a third);
             ours also interleaved: 2 chunks per rank of F/2 and B/2 each (the same work per
             rank), against (p-1)/(v*m+p-1)
+and DualPipeV (m >= 2p: m = 8, 16), ours and upstream's, both workloads: 2 stages per rank
+as a V, each of half a rank's work; its idle time is compared with the same impl's 1F1B
+(the schedule model in tests/unit/runtime/pipe/test_schedule.py: 11 units against 18 at
+p = 4, F = 1 and B = 2 per half-stage)
 for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2
 cores in the real workload: its absolute times say little, its ratios compare schedules and
 engines under the same contention). Contenders alternate over --rounds rounds; medians.
 
     python bench/pipeline_step.py            # full run -> bench/results/pipeline_step.json
-    python bench/pipeline_step.py --smoke    # emulated m=4 only, one round, no upstream
+    python bench/pipeline_step.py --smoke    # emulated m=4 (and DualPipeV m=8), one round,
+                                             # no upstream
 """
 
 from __future__ import annotations
@@ -64,10 +69,10 @@ class PipeContender(Contender):
     ) -> None:
         super().__init__(impl, f"{mode} m={m}", args, run_id)
         self.mode, self.m, self.chunks, self.schedule = mode, m, chunks, schedule
-        if chunks > 1:
-            self.name = f"{impl} interleaved v={chunks} {mode} m={m}"
-        elif schedule != "1f1b":
+        if schedule != "1f1b":
             self.name = f"{impl} {schedule} {mode} m={m}"
+        elif chunks > 1:
+            self.name = f"{impl} interleaved v={chunks} {mode} m={m}"
 
     def worker_args(self) -> list[str]:
         a = self.args
@@ -126,10 +131,21 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
                 ideal = c.m * e["compute_ms_per_micro_batch"] / 1000.0
                 e["bubble"] = 1.0 - ideal / e["median_step_s"]
                 e["idle_s"] = e["median_step_s"] - ideal
-                e["bubble_formula"] = bubble_formula(c.m, STAGES, c.chunks)
+                v = c.schedule == "dualpipev"  # no closed formula: its idle against 1F1B's
+                e["bubble_formula"] = None if v else bubble_formula(c.m, STAGES, c.chunks)
         per[name] = e
     ratios: dict[str, Any] = {}
     for name, e in per.items():
+        if e["schedule"] == "dualpipev" and "median_step_s" in e:
+            base = per.get(f"{e['impl']} {e['mode']} m={e['m']}", {})
+            if "idle_s" in e and "idle_s" in base:
+                e["idle_vs_1f1b"] = e["idle_s"] / base["idle_s"]
+            peer = per.get(name.replace("ours", "upstream", 1), {})
+            if e["impl"] == "ours" and "median_step_s" in peer:
+                ratios[f"{e['mode']} m={e['m']} dualpipev vs upstream"] = (
+                    peer["median_step_s"] / e["median_step_s"]
+                )
+            continue
         if e["impl"] != "ours" or "median_step_s" not in e or e["chunks"] > 1:
             continue
         if e["schedule"] != "1f1b":  # ZB-H1's idle time against ours 1F1B's
@@ -157,10 +173,16 @@ def report(summary: dict[str, Any]) -> None:
         if "median_step_s" not in e:
             rows.append([name, "skipped" if e["skipped"] else "failed", "", "", ""])
             continue
-        bub = f"{e['bubble']:.3f} ({e['bubble_formula']:.3f})" if "bubble" in e else ""
+        bub = f"{e['bubble']:.3f}" if "bubble" in e else ""
         if "idle_vs_1f1b" in e:
-            bub = f"{e['bubble']:.3f}, idle {e['idle_vs_1f1b']:.2f}x 1F1B's"
+            bub += f", idle {e['idle_vs_1f1b']:.2f}x 1F1B's"
+        elif e.get("bubble_formula") is not None:
+            bub += f" ({e['bubble_formula']:.3f})"
         speed = ""
+        if e["impl"] == "ours" and e["schedule"] == "dualpipev":
+            key = f"{e['mode']} m={e['m']} dualpipev vs upstream"
+            if key in summary["ours_speedup"]:
+                speed = f"upstream's {summary['ours_speedup'][key]:.2f}x"
         if e["impl"] == "ours" and e["chunks"] == 1 and e["schedule"] == "1f1b":
             r = summary["ours_speedup"]
             key = f"{e['mode']} m={e['m']}"
@@ -189,6 +211,13 @@ def main() -> int:
             if mode == "emulated":  # ours only: the peers' interleaved runs are not wired up
                 c = PipeContender("ours", mode, m, args, run_id, chunks=2)
                 contenders[c.name] = c
+            if m >= 2 * STAGES and not args.only_interleaved:  # DualPipeV: ours and upstream's
+                for impl in ("ours", "upstream"):
+                    c = PipeContender(impl, mode, m, args, run_id, chunks=2, schedule="dualpipev")
+                    contenders[c.name] = c
+    if args.smoke:  # the DualPipeV worker path too, at its smallest batch
+        c = PipeContender("ours", "emulated", 2 * STAGES, args, run_id, 2, "dualpipev")
+        contenders[c.name] = c
     busy = busy_warning()
     run_rounds(contenders, args.rounds, dict, t0)
     summary = summarize(contenders)

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[3]
         ("zero3_step.py", ["--smoke", "--no-upstream"], "zero3_step_smoke.json"),  # ~45 s
         ("aio.py", ["--smoke", "--dir", "{tmp}"], "aio_smoke.json"),  # ~2 s
         ("exit_soak.py", ["--smoke"], "exit_soak_smoke.json"),  # two 2-rank jobs, ~20 s
-        ("pipeline_step.py", ["--smoke"], "pipeline_step_smoke.json"),  # two 4-rank jobs, ~20 s
+        ("pipeline_step.py", ["--smoke"], "pipeline_step_smoke.json"),  # four 4-rank jobs, ~40 s
         ("zero3_nvme.py", ["--smoke"], "zero3_nvme_smoke.json"),  # six 2-rank jobs, ~55 s
         ("kill_soak.py", ["--smoke"], "kill_soak_smoke.json"),  # seven 2-rank jobs, ~35 s
         ("config_fuzz.py", ["--smoke"], "config_fuzz_smoke.json"),  # ~5 s
@@ -102,6 +102,8 @@ def test_bench_smoke(script, args, result, tmp_path):
         assert data["ours_speedup"]["emulated m=4 vs torch"] > 0, data["ours_speedup"]
         zb = data["contenders"]["ours zb-h1 emulated m=4"]
         assert 0 < zb["idle_vs_1f1b"] < 1, zb  # the zero-bubble schedule idles less
+        v = data["contenders"]["ours dualpipev emulated m=8"]
+        assert 0 < v["bubble"] < 1 and v["bubble_formula"] is None, v
         assert not data["leftover_pids_killed_at_end"], data["leftover_pids_killed_at_end"]
     elif result == "zero3_nvme_smoke.json":
         data = json.loads((tmp_path / result).read_text())
