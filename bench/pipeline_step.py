@@ -19,7 +19,8 @@ Workloads (bench/peers/pipeline_step_worker.py, one 4-rank job per contender per
 and DualPipeV (m >= 2p: m = 8, 16), ours and upstream's, both workloads: 2 stages per rank
 as a V, each of half a rank's work; its idle time is compared with the same impl's 1F1B
 (the schedule model in tests/unit/runtime/pipe/test_schedule.py: 11 units against 18 at
-p = 4, F = 1 and B = 2 per half-stage)
+p = 4, F = 1 and B = 2 per half-stage); and ours dualpipev-zb (emulated: each backward
+split, its W right after the input gradients are sent; the model's 6 units)
 for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2
 cores in the real workload: its absolute times say little, its ratios compare schedules and
 engines under the same contention). Contenders alternate over --rounds rounds; medians.
@@ -131,17 +132,17 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
                 ideal = c.m * e["compute_ms_per_micro_batch"] / 1000.0
                 e["bubble"] = 1.0 - ideal / e["median_step_s"]
                 e["idle_s"] = e["median_step_s"] - ideal
-                v = c.schedule == "dualpipev"  # no closed formula: its idle against 1F1B's
+                v = c.schedule.startswith("dualpipev")  # no closed formula: idle vs 1F1B's
                 e["bubble_formula"] = None if v else bubble_formula(c.m, STAGES, c.chunks)
         per[name] = e
     ratios: dict[str, Any] = {}
     for name, e in per.items():
-        if e["schedule"] == "dualpipev" and "median_step_s" in e:
+        if e["schedule"].startswith("dualpipev") and "median_step_s" in e:
             base = per.get(f"{e['impl']} {e['mode']} m={e['m']}", {})
             if "idle_s" in e and "idle_s" in base:
                 e["idle_vs_1f1b"] = e["idle_s"] / base["idle_s"]
             peer = per.get(name.replace("ours", "upstream", 1), {})
-            if e["impl"] == "ours" and "median_step_s" in peer:
+            if e["schedule"] == "dualpipev" and e["impl"] == "ours" and "median_step_s" in peer:
                 ratios[f"{e['mode']} m={e['m']} dualpipev vs upstream"] = (
                     peer["median_step_s"] / e["median_step_s"]
                 )
@@ -214,6 +215,9 @@ def main() -> int:
             if m >= 2 * STAGES and not args.only_interleaved:  # DualPipeV: ours and upstream's
                 for impl in ("ours", "upstream"):
                     c = PipeContender(impl, mode, m, args, run_id, chunks=2, schedule="dualpipev")
+                    contenders[c.name] = c
+                if mode == "emulated":  # ours split (dualpipev-zb): the bubble it removes
+                    c = PipeContender("ours", mode, m, args, run_id, 2, "dualpipev-zb")
                     contenders[c.name] = c
     if args.smoke:  # the DualPipeV worker path too, at its smallest batch
         c = PipeContender("ours", "emulated", 2 * STAGES, args, run_id, 2, "dualpipev")

@@ -24,8 +24,10 @@ class PipelineConfig(Section):
     # PipelineModule built with virtual_stages >= 2, which selects it by itself), "zb-h1"
     # (zero bubble: each backward split into input- and weight-gradient passes) or
     # "dualpipev" (a DualPipeVModule, which selects it by itself; with the
-    # pipeline_parallelism key it cuts the plain model as one).
-    schedule: Literal["1f1b", "interleaved", "zb-h1", "dualpipev"] = "1f1b"
+    # pipeline_parallelism key it cuts the plain model as one) or "dualpipev-zb" (the same,
+    # each backward split as zb-h1 splits it, its weight pass right after the input
+    # gradients are sent).
+    schedule: Literal["1f1b", "interleaved", "zb-h1", "dualpipev", "dualpipev-zb"] = "1f1b"
 
 
 class PipelineParallelismConfig(Section):

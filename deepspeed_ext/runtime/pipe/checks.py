@@ -73,18 +73,19 @@ def schedule_for(config: Any, module: PipelineModule) -> str:
     """pipeline.schedule against the module's virtual stages."""
     pipe = config.pipeline
     given = "schedule" in pipe.model_fields_set
+    v_schedules = ("dualpipev", "dualpipev-zb")
     if module.pipe_layout == "v":
-        if given and pipe.schedule != "dualpipev":
+        if given and pipe.schedule not in v_schedules:
             raise ValueError(
                 f"pipeline.schedule is {pipe.schedule!r} but the model is a DualPipeVModule, "
-                "which runs the dualpipev schedule: drop pipeline.schedule, or build a "
-                "PipelineModule"
+                "which runs the dualpipev schedule ('dualpipev-zb': its backwards split): "
+                "drop pipeline.schedule, or build a PipelineModule"
             )
-        return "dualpipev"
-    if given and pipe.schedule == "dualpipev":
+        return str(pipe.schedule) if given else "dualpipev"
+    if given and pipe.schedule in v_schedules:
         raise ValueError(
-            "pipeline.schedule 'dualpipev' needs the model laid out as a V: build it with "
-            "deepspeed.pipe.DualPipeVModule (PipelineModule's arguments) instead of "
+            f"pipeline.schedule {pipe.schedule!r} needs the model laid out as a V: build it "
+            "with deepspeed.pipe.DualPipeVModule (PipelineModule's arguments) instead of "
             "PipelineModule"
         )
     if module.virtual_stages > 1:

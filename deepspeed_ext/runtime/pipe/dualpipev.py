@@ -74,7 +74,9 @@ class DualPipeVModule(PipelineModule):
 
 class DualPipeVEngine(PipelineEngine):
     """deepspeed.initialize's engine for a DualPipeVModule: the pipeline engine running
-    DualPipeVSchedule. gradient_accumulation_steps must be at least 2 * num_stages."""
+    DualPipeVSchedule (with `"pipeline": {"schedule": "dualpipev-zb"}` its backwards split
+    into input- and weight-gradient passes). gradient_accumulation_steps must be at least
+    2 * num_stages."""
 
     def __init__(self, model: DualPipeVModule, config: Any, **kwargs: Any) -> None:
         if not isinstance(model, DualPipeVModule):
@@ -92,7 +94,10 @@ class DualPipeVEngine(PipelineEngine):
             )
 
     def _train_schedule(self) -> PipeSchedule:
-        return DualPipeVSchedule(self.micro_batches, self.num_stages, self.stage_id)
+        split = self.schedule_name == "dualpipev-zb"
+        return DualPipeVSchedule(
+            self.micro_batches, self.num_stages, self.stage_id, split_backward=split
+        )
 
     def _inference_schedule(self, micro_batches: int) -> PipeSchedule:
         return DualPipeVSchedule(micro_batches, self.num_stages, self.stage_id, forward_only=True)

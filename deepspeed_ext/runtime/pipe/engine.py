@@ -568,7 +568,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     def _exec_recv_grads(self, cmd: sch.RecvGrad) -> None:
         c, b = self._key(cmd)
         # a split backward's W reads these gradients later (its join nodes' seeds can be
-        # them): a slot per buffer keeps them until the buffer's next micro-batch
+        # them): under zb-h1 a slot per buffer keeps them until the buffer's next
+        # micro-batch; dualpipev-zb runs each W before its chunk's next receive
         slot = b if self.schedule_name == "zb-h1" else 0
         self._grads_in[c] = self._grad_in[c].recv(slot)
 
@@ -630,9 +631,10 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             self.unsplit_backwards += 1
             if self.unsplit_backwards == 1:
                 logger.warning(
-                    f"pipeline.schedule zb-h1: stage {self.stage_id}'s backward cannot be split "
-                    f"into input- and weight-gradient passes: {plan}. It runs whole, so this "
-                    "stage gets 1F1B's bubble (engine.unsplit_backwards counts them)"
+                    f"pipeline.schedule {self.schedule_name}: stage {self.stage_id}'s backward "
+                    f"cannot be split into input- and weight-gradient passes: {plan}. It runs "
+                    "whole, so this stage idles as without the split (engine.unsplit_backwards "
+                    "counts them)"
                 )
             self._backward_whole(c, b, boundary=False, roots=(outs, grads))
             return

@@ -3,7 +3,8 @@
 An nn.Sequential (its children in order) or a list of layers is cut into N stages with
 `pipeline.partition` (default: balance parameters). The loss comes from the model's own
 `loss_fn` attribute if it has one, else the last layer must return the loss. With
-`pipeline.schedule` "dualpipev" it is cut into 2N stages as a DualPipeVModule.
+`pipeline.schedule` "dualpipev" (or "dualpipev-zb") it is cut into 2N stages as a
+DualPipeVModule.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def as_pipeline(model: Any, config: Any) -> Any:
         topology = PipeModelDataParallelTopology(
             num_pp=stages, num_mp=tp, num_dp=world // (stages * tp)
         )
-    v = "schedule" in pipe.model_fields_set and pipe.schedule == "dualpipev"
+    v = "schedule" in pipe.model_fields_set and pipe.schedule in ("dualpipev", "dualpipev-zb")
     return (DualPipeVModule if v else PipelineModule)(
         layers,
         num_stages=stages,

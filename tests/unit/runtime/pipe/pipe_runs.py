@@ -176,7 +176,7 @@ def pipeline_run(
 ) -> dict[str, Any]:
     from deepspeed_ext.runtime.initialize import initialize
 
-    v = schedule == "dualpipev"
+    v = schedule is not None and schedule.startswith("dualpipev")
     module = aux_pipe(
         specs(tied, blocks),
         v=v,

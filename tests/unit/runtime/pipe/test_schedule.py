@@ -272,7 +272,10 @@ def simulate_v(streams: list[list[sch.PipeInstruction]], p: int) -> list[list[tu
                 elif isinstance(cmd, sch.SendGrad):
                     assert _v_holder(v - 1, p)[0] != r, "a message across the turn"
                     links.setdefault(("grad", *_v_holder(v - 1, p)), deque()).append(b)
-                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass)):
+                elif isinstance(cmd, sch.BackwardWeightPass):
+                    assert ("B", c, r, b) in ran, "W before its B"
+                    done[r].append(("W", c, b))
+                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass, sch.BackwardInputPass)):
                     k = type(cmd).__name__[0]
                     if r == p - 1 and (k, c) in (("F", 1), ("B", 0)):
                         assert (k, 1 - c, r, b) in ran, f"{k}{c} of {b} before the turn"
@@ -287,21 +290,30 @@ def simulate_v(streams: list[list[sch.PipeInstruction]], p: int) -> list[list[tu
     return done
 
 
-def _v_streams(m: int, p: int, forward_only: bool = False) -> list[list[sch.PipeInstruction]]:
+def _v_streams(
+    m: int, p: int, forward_only: bool = False, split: bool = False
+) -> list[list[sch.PipeInstruction]]:
     return [
-        [c for st in sch.DualPipeVSchedule(m, p, r, forward_only).steps() for c in st]
+        [c for st in sch.DualPipeVSchedule(m, p, r, forward_only, split).steps() for c in st]
         for r in range(p)
     ]
 
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 8])
 @pytest.mark.parametrize("extra", [0, 1, 5])
-def test_dualpipev_schedule(p: int, extra: int) -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_dualpipev_schedule(p: int, extra: int, split: bool) -> None:
     m = 2 * p + extra
-    streams = _v_streams(m, p)
+    streams = _v_streams(m, p, split=split)
     done = simulate_v(streams, p)
     for r in range(p):
-        for kind in "FB":
+        kinds = [k for k, _, _ in done[r]]
+        if split:  # each W right after its B (and the B's send)
+            assert [kinds[i + 1] for i, k in enumerate(kinds) if k == "B"] == ["W"] * 2 * m
+            assert not any(isinstance(cmd, sch.BackwardPass) for cmd in streams[r])
+        else:
+            assert "W" not in kinds
+        for kind in "FB" + ("W" if split else ""):
             for c in (0, 1):
                 assert [b for k, cc, b in done[r] if (k, cc) == (kind, c)] == list(range(m))
         loads = [cmd.kwargs["chunk"] for cmd in streams[r] if isinstance(cmd, sch.LoadMicroBatch)]
@@ -342,6 +354,8 @@ def timed_v(orders: list[list[tuple[str, int, int]]], cost: dict[str, float]) ->
                 v = _v_stage(r, c, p)
                 if kind == "F":
                     deps = [("F", mb, v - 1)] if v else []
+                elif kind == "W":
+                    deps = [("B", mb, v)]
                 else:
                     deps = [("F", mb, v)] + ([("B", mb, v + 1)] if v < 2 * p - 1 else [])
                 if any(d not in end for d in deps):
@@ -362,4 +376,12 @@ def test_dualpipev_idles_less_than_1f1b_on_the_same_ranks(m: int) -> None:
     one_f_one_b = timed([sch.TrainSchedule(m, p, s).order() for s in range(p)], {"F": 2, "B": 4})
     v = timed_v([sch.DualPipeVSchedule(m, p, r).order() for r in range(p)], {"F": 1, "B": 2})
     assert one_f_one_b - 6 * m == 6 * (p - 1)
-    assert v - 6 * m < one_f_one_b - 6 * m
+    assert v - 6 * m == 11  # against 18
+    # split (dualpipev-zb): B and W of one unit each, W after B's send: 6, ZB-H1's (p-1)*F
+    orders = []
+    for r in range(p):
+        order = []
+        for kind, c, mb in sch.DualPipeVSchedule(m, p, r, split_backward=True).order():
+            order += [(kind, c, mb)] + ([("W", c, mb)] if kind == "B" else [])
+        orders.append(order)
+    assert timed_v(orders, {"F": 1, "B": 1, "W": 1}) - 6 * m == 2 * (p - 1)
