@@ -93,25 +93,29 @@ def test_zero_bubble_h1_schedule(m: int, p: int) -> None:
         assert sch.ZeroBubbleH1Schedule(m, p, s).num_pipe_buffers() == min(p, m)
 
 
-def timed(orders: list[list[tuple[str, int]]], cost: dict[str, float]) -> float:
-    """Makespan of per-stage (kind, micro-batch) orders: F waits for the previous stage's F,
-    B for this stage's F and the next stage's B, W for this stage's B; transfers are free."""
+def timed(orders: list[list[tuple]], cost: dict[str, float], v_layout: bool = False) -> float:
+    """Makespan of per-rank orders: (kind, micro-batch) entries, one stage per rank, or with
+    `v_layout` DualPipeV's (kind, chunk, micro-batch) over 2p virtual stages. F waits for the
+    previous stage's F, B for this stage's F and the next stage's B, W for this stage's B;
+    transfers are free."""
     p = len(orders)
+    last = 2 * p - 1 if v_layout else p - 1
     end: dict[tuple[str, int, int], float] = {}
     clock, pc = [0.0] * p, [0] * p
-    while any(pc[s] < len(orders[s]) for s in range(p)):
+    while any(pc[r] < len(orders[r]) for r in range(p)):
         moved = False
-        for s in range(p):
-            while pc[s] < len(orders[s]):
-                kind, mb = orders[s][pc[s]]
+        for r in range(p):
+            while pc[r] < len(orders[r]):
+                kind, *where, mb = orders[r][pc[r]]
+                s = _v_stage(r, where[0], p) if v_layout else r
                 deps = {"F": [("F", mb, s - 1)] if s else [], "W": [("B", mb, s)]}.get(
-                    kind, [("F", mb, s)] + ([("B", mb, s + 1)] if s < p - 1 else [])
+                    kind, [("F", mb, s)] + ([("B", mb, s + 1)] if s < last else [])
                 )
                 if any(d not in end for d in deps):
                     break
-                clock[s] = max([clock[s]] + [end[d] for d in deps]) + cost[kind]
-                end[(kind, mb, s)] = clock[s]
-                pc[s] += 1
+                clock[r] = max([clock[r]] + [end[d] for d in deps]) + cost[kind]
+                end[(kind, mb, s)] = clock[r]
+                pc[r] += 1
                 moved = True
         assert moved, "deadlock"
     return max(clock)
@@ -339,42 +343,14 @@ def test_dualpipev_needs_two_micro_batches_per_stage_to_train() -> None:
     sch.DualPipeVSchedule(7, 4, 0, forward_only=True)
 
 
-def timed_v(orders: list[list[tuple[str, int, int]]], cost: dict[str, float]) -> float:
-    """Makespan of DualPipeV's per-rank (kind, chunk, micro-batch) orders over 2p virtual
-    stages: F waits for the previous virtual stage's F, B for this one's F and the next
-    one's B; transfers are free."""
-    p = len(orders)
-    end: dict[tuple[str, int, int], float] = {}
-    clock, pc = [0.0] * p, [0] * p
-    while any(pc[r] < len(orders[r]) for r in range(p)):
-        moved = False
-        for r in range(p):
-            while pc[r] < len(orders[r]):
-                kind, c, mb = orders[r][pc[r]]
-                v = _v_stage(r, c, p)
-                if kind == "F":
-                    deps = [("F", mb, v - 1)] if v else []
-                elif kind == "W":
-                    deps = [("B", mb, v)]
-                else:
-                    deps = [("F", mb, v)] + ([("B", mb, v + 1)] if v < 2 * p - 1 else [])
-                if any(d not in end for d in deps):
-                    break
-                clock[r] = max([clock[r]] + [end[d] for d in deps]) + cost[kind]
-                end[(kind, mb, v)] = clock[r]
-                pc[r] += 1
-                moved = True
-        assert moved, "deadlock"
-    return max(clock)
-
-
 @pytest.mark.parametrize("m", [8, 16, 32])
 def test_dualpipev_idles_less_than_1f1b_on_the_same_ranks(m: int) -> None:
     """Each rank does the same work either way (two half-size stages or one whole one):
     DualPipeV, filling the pipe from both ends, idles less than 1F1B's 3(p-1) per rank."""
     p = 4
     one_f_one_b = timed([sch.TrainSchedule(m, p, s).order() for s in range(p)], {"F": 2, "B": 4})
-    v = timed_v([sch.DualPipeVSchedule(m, p, r).order() for r in range(p)], {"F": 1, "B": 2})
+    orders = [sch.DualPipeVSchedule(m, p, r).order() for r in range(p)]
+    v = timed(orders, {"F": 1, "B": 2}, v_layout=True)
     assert one_f_one_b - 6 * m == 6 * (p - 1)
     assert v - 6 * m == 11  # against 18
     # split (dualpipev-zb): B and W of one unit each, W after B's send: 6, ZB-H1's (p-1)*F
@@ -384,4 +360,4 @@ def test_dualpipev_idles_less_than_1f1b_on_the_same_ranks(m: int) -> None:
         for kind, c, mb in sch.DualPipeVSchedule(m, p, r, split_backward=True).order():
             order += [(kind, c, mb)] + ([("W", c, mb)] if kind == "B" else [])
         orders.append(order)
-    assert timed_v(orders, {"F": 1, "B": 1, "W": 1}) - 6 * m == 2 * (p - 1)
+    assert timed(orders, {"F": 1, "B": 1, "W": 1}, v_layout=True) - 6 * m == 2 * (p - 1)
