@@ -159,36 +159,70 @@ def test_bad_arguments() -> None:
         sch.TrainSchedule(4, 2, 2)
 
 
-def simulate_chunks(streams: list[list[sch.PipeInstruction]], p: int, v: int) -> list[list[tuple]]:
-    """Interleaved streams: virtual stage c*p + r sends to the next rank in the ring (rank 0
-    receives chunk c+1's input from rank p-1's chunk c); per-edge FIFO order is checked."""
+def _ring_stage(r: int, c: int, p: int) -> int:
+    return c * p + r
+
+
+def _ring_holder(v: int, p: int) -> tuple[int, int]:
+    return v % p, v // p
+
+
+def _v_stage(r: int, c: int, p: int) -> int:
+    return r if c == 0 else 2 * p - 1 - r
+
+
+def _v_holder(v: int, p: int) -> tuple[int, int]:
+    return (v, 0) if v < p else (2 * p - 1 - v, 1)
+
+
+def simulate_chunks(
+    streams: list[list[sch.PipeInstruction]], p: int, v_layout: bool = False
+) -> list[list[tuple]]:
+    """Streams with model chunks: chunk c of rank r is virtual stage c*p + r (interleaved:
+    rank 0 receives chunk c+1's input from rank p-1's chunk c) or, with `v_layout`,
+    DualPipeV's r (c=0) or 2p-1-r (c=1). A send goes to the rank holding the next
+    (activations) or previous (gradients) virtual stage; neighbours on one rank (DualPipeV's
+    turn) exchange no message, the later one running after the earlier. Per-edge FIFO
+    order, B after its F and W after its B are checked."""
+    stage_of, holder = (_v_stage, _v_holder) if v_layout else (_ring_stage, _ring_holder)
     pc = [0] * p
     links: dict[tuple[str, int, int], deque[int]] = {}  # (kind, rank, chunk) -> micro-batches
     done: list[list[tuple]] = [[] for _ in range(p)]
+    ran: set[tuple[str, int, int]] = set()  # (kind, virtual stage, micro-batch)
     while any(pc[r] < len(streams[r]) for r in range(p)):
         progressed = False
         for r in range(p):
             while pc[r] < len(streams[r]):
                 cmd = streams[r][pc[r]]
                 c, b = cmd.kwargs.get("chunk", 0), getattr(cmd, "buffer_id", None)
+                vs = stage_of(r, c, p)
                 if isinstance(cmd, (sch.RecvActivation, sch.RecvGrad)):
                     kind = "act" if isinstance(cmd, sch.RecvActivation) else "grad"
                     q = links.setdefault((kind, r, c), deque())
                     if not q:
                         break
                     assert q.popleft() == b
-                elif isinstance(cmd, sch.SendActivation):
-                    dst, dc = (r + 1) % p, c + (1 if r == p - 1 else 0)
-                    links.setdefault(("act", dst, dc), deque()).append(b)
-                elif isinstance(cmd, sch.SendGrad):
-                    dst, dc = (r - 1) % p, c - (1 if r == 0 else 0)
-                    links.setdefault(("grad", dst, dc), deque()).append(b)
-                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass)):
-                    done[r].append((type(cmd).__name__[0], c, b))
+                elif isinstance(cmd, (sch.SendActivation, sch.SendGrad)):
+                    act = isinstance(cmd, sch.SendActivation)
+                    dst = holder(vs + 1 if act else vs - 1, p)
+                    assert dst[0] != r, "a message between neighbours on one rank"
+                    links.setdefault(("act" if act else "grad", *dst), deque()).append(b)
+                elif isinstance(cmd, sch.BackwardWeightPass):
+                    assert ("B", vs, b) in ran, "W before its B"
+                    done[r].append(("W", c, b))
+                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass, sch.BackwardInputPass)):
+                    k = type(cmd).__name__[0]
+                    local = vs - 1 if k == "F" else vs + 1  # a neighbour it depends on
+                    if 0 <= local < 2 * p and holder(local, p)[0] == r and v_layout:
+                        assert (k, local, b) in ran, f"{k}{c} of {b} before the turn"
+                    if k == "B":
+                        assert ("F", vs, b) in ran
+                    ran.add((k, vs, b))
+                    done[r].append((k, c, b))
                 pc[r] += 1
                 progressed = True
         if not progressed:
-            raise AssertionError(f"deadlock: p={p} v={v} at {pc}")
+            raise AssertionError(f"deadlock: p={p} at {pc}")
     return done
 
 
@@ -200,7 +234,7 @@ def test_interleaved_schedule(p: int, v: int, groups: int) -> None:
     streams = [
         [c for st in sch.InterleavedTrainSchedule(m, p, r, v).steps() for c in st] for r in range(p)
     ]
-    done = simulate_chunks(streams, p, v)
+    done = simulate_chunks(streams, p)
     for r in range(p):
         for kind in "FB":
             seen = sorted((c, b) for k, c, b in done[r] if k == kind)
@@ -217,7 +251,7 @@ def test_interleaved_inference(p: int, m: int) -> None:
     streams = [
         [c for st in sch.InferenceSchedule(m, p, r, 2).steps() for c in st] for r in range(p)
     ]
-    done = simulate_chunks(streams, p, 2)
+    done = simulate_chunks(streams, p)
     for r in range(p):
         assert sorted(x[1:] for x in done[r]) == [(c, b) for c in range(2) for b in range(m)]
 
@@ -240,60 +274,6 @@ def test_upstreams_schedule_names() -> None:
         list(DataParallelSchedule(micro_batches=2, stages=2, stage_id=0))
 
 
-def _v_holder(v: int, p: int) -> tuple[int, int]:
-    return (v, 0) if v < p else (2 * p - 1 - v, 1)
-
-
-def _v_stage(r: int, c: int, p: int) -> int:
-    return r if c == 0 else 2 * p - 1 - r
-
-
-def simulate_v(streams: list[list[sch.PipeInstruction]], p: int) -> list[list[tuple]]:
-    """DualPipeV streams: chunk c of rank r is virtual stage r (c=0) or 2p-1-r (c=1); a send
-    goes to the rank holding the next (activations) or previous (gradients) virtual stage.
-    The turn on the last rank has no messages: its chunk 1 forward must follow chunk 0's,
-    its chunk 0 backward chunk 1's. Per-edge FIFO order is checked."""
-    pc = [0] * p
-    links: dict[tuple[str, int, int], deque[int]] = {}
-    done: list[list[tuple]] = [[] for _ in range(p)]
-    ran: set[tuple[str, int, int, int]] = set()
-    while any(pc[r] < len(streams[r]) for r in range(p)):
-        progressed = False
-        for r in range(p):
-            while pc[r] < len(streams[r]):
-                cmd = streams[r][pc[r]]
-                c, b = cmd.kwargs.get("chunk", 0), getattr(cmd, "buffer_id", None)
-                v = _v_stage(r, c, p)
-                if isinstance(cmd, (sch.RecvActivation, sch.RecvGrad)):
-                    kind = "act" if isinstance(cmd, sch.RecvActivation) else "grad"
-                    q = links.setdefault((kind, r, c), deque())
-                    if not q:
-                        break
-                    assert q.popleft() == b
-                elif isinstance(cmd, sch.SendActivation):
-                    assert _v_holder(v + 1, p)[0] != r, "a message across the turn"
-                    links.setdefault(("act", *_v_holder(v + 1, p)), deque()).append(b)
-                elif isinstance(cmd, sch.SendGrad):
-                    assert _v_holder(v - 1, p)[0] != r, "a message across the turn"
-                    links.setdefault(("grad", *_v_holder(v - 1, p)), deque()).append(b)
-                elif isinstance(cmd, sch.BackwardWeightPass):
-                    assert ("B", c, r, b) in ran, "W before its B"
-                    done[r].append(("W", c, b))
-                elif isinstance(cmd, (sch.ForwardPass, sch.BackwardPass, sch.BackwardInputPass)):
-                    k = type(cmd).__name__[0]
-                    if r == p - 1 and (k, c) in (("F", 1), ("B", 0)):
-                        assert (k, 1 - c, r, b) in ran, f"{k}{c} of {b} before the turn"
-                    if k == "B":
-                        assert ("F", c, r, b) in ran
-                    ran.add((k, c, r, b))
-                    done[r].append((k, c, b))
-                pc[r] += 1
-                progressed = True
-        if not progressed:
-            raise AssertionError(f"deadlock: p={p} at {pc}")
-    return done
-
-
 def _v_streams(
     m: int, p: int, forward_only: bool = False, split: bool = False
 ) -> list[list[sch.PipeInstruction]]:
@@ -309,7 +289,7 @@ def _v_streams(
 def test_dualpipev_schedule(p: int, extra: int, split: bool) -> None:
     m = 2 * p + extra
     streams = _v_streams(m, p, split=split)
-    done = simulate_v(streams, p)
+    done = simulate_chunks(streams, p, v_layout=True)
     for r in range(p):
         kinds = [k for k, _, _ in done[r]]
         if split:  # each W right after its B (and the B's send)
@@ -331,7 +311,7 @@ def test_dualpipev_schedule(p: int, extra: int, split: bool) -> None:
 @pytest.mark.parametrize("m", [1, 3, 9])
 def test_dualpipev_forward_only(p: int, m: int) -> None:
     streams = _v_streams(m, p, forward_only=True)
-    done = simulate_v(streams, p)
+    done = simulate_chunks(streams, p, v_layout=True)
     for r in range(p):
         assert sorted(done[r]) == sorted(("F", c, b) for c in (0, 1) for b in range(m))
         assert not any(isinstance(cmd, sch.OptimizerStep) for cmd in streams[r])
