@@ -28,7 +28,9 @@ from .schedule import DualPipeVSchedule, PipeSchedule
 class DualPipeVModule(PipelineModule):
     """A PipelineModule cut into 2 * num_stages stages, rank r building stages r and
     2 * num_stages - 1 - r. `num_stages` (or the topology's pipe dimension) counts pipeline
-    ranks, as for PipelineModule; the other arguments are PipelineModule's."""
+    ranks, as for PipelineModule, and stays so (upstream's module doubles its num_stages
+    once built); `parts` has 2 * num_stages + 1 boundaries, as upstream's. The other
+    arguments are PipelineModule's."""
 
     pipe_layout = "v"
 
