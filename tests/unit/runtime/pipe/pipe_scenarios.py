@@ -94,6 +94,11 @@ def dualpipev() -> dict[str, Any]:
         refused = ""
     except ValueError as e:
         refused = str(e)
+    try:
+        _engine(v_module(), gas=4, pipeline={"schedule": "zb-h1"})
+        other = ""
+    except ValueError as e:
+        other = str(e)
     engine = _engine(v_module(), gas=4)
     losses = _train(engine, 2, gas=4)
     data = pr.batches(99, 0, 3)
@@ -108,6 +113,7 @@ def dualpipev() -> dict[str, Any]:
         ragged.append(float(dyn.train_batch(it)))
     return {
         "refused": refused,
+        "other_schedule": other,
         "engine": type(engine).__name__,
         "losses": losses,
         "eval": float(loss),

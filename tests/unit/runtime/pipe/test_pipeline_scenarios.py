@@ -79,6 +79,10 @@ def test_dualpipev_train_eval_config_key_and_dynamic_shapes(runs: list[dict]) ->
         d = r["dualpipev"]
         assert "gradient_accumulation_steps=3" in d["refused"], d["refused"]
         assert "at least 2 * num_stages = 4" in d["refused"]
+        assert (
+            "pipeline.schedule is 'zb-h1' but the model is a DualPipeVModule"
+            in (d["other_schedule"])
+        )
         assert d["engine"] == "DualPipeVEngine"
         close(d["losses"], ref["losses"])
         close([d["eval"]], [sum(per_mb) / 3])

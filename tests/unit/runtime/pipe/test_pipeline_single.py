@@ -25,6 +25,7 @@ REFUSED = {
     "seed": ({"pipeline": {"seed_layers": False}}, "pipeline.seed_layers"),
     "schedule": ({"pipeline": {"schedule": "interleaved"}}, "virtual_stages=2"),
     "schedule_name": ({"pipeline": {"schedule": "zb-h2"}}, "zb-h1"),
+    "dualpipev_on_plain": ({"pipeline": {"schedule": "dualpipev-zb"}}, "DualPipeVModule"),
 }
 
 
@@ -175,6 +176,10 @@ def checks(root: str) -> dict[str, Any]:
     out["mpu"] = error_text(
         lambda: initialize(model=_module(), config=_config(), optimizer=_adamw, mpu=object())
     )
+    from deepspeed_ext.runtime.pipe import DualPipeVModule
+
+    out["v_one_stage"] = error_text(lambda: _module(DualPipeVModule))
+    out["v_chunks"] = error_text(lambda: _module(DualPipeVModule, num_stages=2, virtual_stages=3))
     out["seeded"] = _seeded_dropout()
     out["own_files"] = _own_layer_files(root)
     for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
@@ -245,6 +250,12 @@ def test_micro_batch_api_is_refused(res: dict[str, Any]) -> None:
 def test_config_disagreeing_with_the_module_is_refused(res: dict[str, Any], name: str) -> None:
     assert res[name].split(":")[0] in ("ValueError", "ConfigError"), res[name]
     assert REFUSED[name][1] in res[name], res[name]
+
+
+def test_dualpipev_module_refuses_one_stage_and_other_chunk_counts(res: dict[str, Any]) -> None:
+    assert "DualPipeVModule with 2 model chunks" in res["v_one_stage"], res["v_one_stage"]
+    assert "num_stages >= 2" in res["v_one_stage"]
+    assert "virtual_stages=3" in res["v_chunks"] and "exactly two" in res["v_chunks"]
 
 
 def test_config_agreeing_with_the_module_is_fine(res: dict[str, Any]) -> None:
