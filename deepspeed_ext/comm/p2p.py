@@ -161,8 +161,13 @@ class PipeChannel:
         max_pending: int = 64,
         device: torch.device | None = None,
         split: AxisGroup | None = None,
+        group: Any = None,
     ) -> None:
         self.device = device if device is not None else collective_device()
+        # the process group its messages go over (None: the world's). NCCL ignores tags and
+        # matches a pair's messages in order, so two channels one way between the same two
+        # ranks (model chunks) need a group, a communicator, each
+        self.group = group
         # the tensor group whose ranks hold the same tensors ([Note: partitioned p2p])
         self.split = split if split is not None and split.size > 1 else None
         self.peer = peer
@@ -296,7 +301,7 @@ class PipeChannel:
         return buf
 
     def _post(self, t: torch.Tensor, reuse: _Packet | None = None) -> None:
-        work = dist.isend(t, self.peer, tag=self.tag)
+        work = dist.isend(t, self.peer, group=self.group, tag=self.tag)
         self._pending.append((work, t, reuse))
         self._reap()
         while len(self._pending) > self.max_pending:  # bound the memory of a fast sender
@@ -329,7 +334,7 @@ class PipeChannel:
         else:
             word = self._packet(self.sent_meta, _ABORT, 0)
         try:
-            work = dist.isend(word, self.peer, tag=self.tag)
+            work = dist.isend(word, self.peer, group=self.group, tag=self.tag)
         except Exception:  # noqa: BLE001 - the peer may be gone already
             return
         # the send reads `word` after this returns: keep it alive past this channel's life
@@ -347,7 +352,7 @@ class PipeChannel:
         self.expected = max(self.expected - 1, 0)
         if self.recv_meta is None:  # the hello: [code, meta length]
             head = torch.empty(2, dtype=torch.int64, device=self.device)
-            dist.recv(head, self.peer, tag=self.tag)
+            dist.recv(head, self.peer, group=self.group, tag=self.tag)
             code, n = head.tolist()
             self._agree(code)
         else:
@@ -364,13 +369,13 @@ class PipeChannel:
         if code != _META:
             raise RuntimeError(f"{self.what}: unknown message code {code} from rank {self.peer}")
         words = torch.empty(n, dtype=torch.int64, device=self.device)
-        dist.recv(words, self.peer, tag=self.tag)
+        dist.recv(words, self.peer, group=self.group, tag=self.tag)
         self.recv_meta = _decode(words.tolist())
         self._slots.clear()
         self._spare = None  # of the old size
         buf, views = self._slot(slot)
         wire = self._wire(buf)
-        dist.recv(wire, self.peer, tag=self.tag)
+        dist.recv(wire, self.peer, group=self.group, tag=self.tag)
         code = int(wire[:_HEAD].view(torch.int64)[0])
         self._agree(code)
         if code == _ABORT:
@@ -384,7 +389,7 @@ class PipeChannel:
         buffer becoming the spare), or one received now."""
         if self._early is None:
             buf, views = self._slot(slot)
-            dist.recv(self._wire(buf), self.peer, tag=self.tag)
+            dist.recv(self._wire(buf), self.peer, group=self.group, tag=self.tag)
             return buf, views
         work, landed = self._early
         self._early = None
@@ -401,7 +406,7 @@ class PipeChannel:
         spare, self._spare = self._spare, None
         if spare is None:
             spare = self._recv_buffer()
-        self._early = (dist.irecv(spare[0], self.peer, tag=self.tag), spare)
+        self._early = (dist.irecv(spare[0], self.peer, group=self.group, tag=self.tag), spare)
         self.early_receives += 1
 
     def _agree(self, code: int) -> None:

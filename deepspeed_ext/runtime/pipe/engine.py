@@ -134,26 +134,60 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._grad_in: dict[int, PipeChannel] = {}
         self._grad_out: dict[int, PipeChannel] = {}
         self._hand_on: dict[int, int] = {}
+        groups = self._edge_groups()
         for c in range(self.chunks):
             v = self._chunk_stage(c)
             if v > 0:
                 stage, _ = self._stage_chunk(v - 1)
                 peer = self.grid.stage_to_global(stage)
                 if stage != r:
+                    g = groups.get(v - 1)
                     what = f"activations into virtual stage {v}"
-                    self._act_in[c] = PipeChannel(peer, what, dyn, base + v - 1, split=acts)
+                    self._act_in[c] = PipeChannel(
+                        peer, what, dyn, base + v - 1, split=acts, group=g
+                    )
                     what = f"input gradients of virtual stage {v}"
-                    self._grad_out[c] = PipeChannel(peer, what, dyn, base + v - 1, split=grads)
+                    self._grad_out[c] = PipeChannel(
+                        peer, what, dyn, base + v - 1, split=grads, group=g
+                    )
             if v < last:
                 stage, nxt = self._stage_chunk(v + 1)
                 peer = self.grid.stage_to_global(stage)
                 if stage == r:
                     self._hand_on[c] = nxt
                     continue
+                g = groups.get(v)
                 what = f"output of virtual stage {v}"
-                self._act_out[c] = PipeChannel(peer, what, dyn, base + v, split=acts)
+                self._act_out[c] = PipeChannel(peer, what, dyn, base + v, split=acts, group=g)
                 what = f"gradients into virtual stage {v}"
-                self._grad_in[c] = PipeChannel(peer, what, dyn, base + v, split=grads)
+                self._grad_in[c] = PipeChannel(peer, what, dyn, base + v, split=grads, group=g)
+
+    def _edge_groups(self) -> dict[int, Any]:
+        """With model chunks, a process group per edge between virtual stages v and v+1 of
+        each pipeline (made on every rank, in one order), keyed by v for this rank's edges:
+        two ranks then exchange several channels' messages one way (DualPipeV: chunk 0's
+        activations and chunk 1's gradients), which tags keep apart on gloo but NCCL, which
+        ignores tags, would match in posting order. One chunk: the world's group."""
+        if self.chunks == 1:
+            return {}
+        topo = self.grid.topology()
+        axes = [a for a in topo.get_axis_names() if a != "pipe"]
+        columns = sorted(
+            {tuple(getattr(topo.get_coord(x), a) for a in axes) for x in range(topo.world_size())}
+        )
+        me, last = comm.get_rank(), self.num_stages * self.chunks - 1
+        mine: dict[int, Any] = {}
+        for col in columns:
+            fixed = dict(zip(axes, col))
+            for v in range(last):
+                a, b = self._stage_chunk(v)[0], self._stage_chunk(v + 1)[0]
+                if a == b:  # the turn: no message
+                    continue
+                ranks = sorted((topo.get_rank(pipe=a, **fixed), topo.get_rank(pipe=b, **fixed)))
+                group = comm.new_group(ranks)
+                if me in ranks:
+                    mine[v] = group
+        return mine
 
     def _is_first(self, c: int) -> bool:
         return self._chunk_stage(c) == 0

@@ -101,6 +101,15 @@ def dualpipev() -> dict[str, Any]:
         other = str(e)
     engine = _engine(v_module(), gas=4)
     losses = _train(engine, 2, gas=4)
+    # NCCL ignores tags: with every channel's tag the same, as NCCL would see them, each
+    # edge's own process group still keeps chunk 0's activations and chunk 1's gradients
+    # (one way between the same two ranks) apart
+    untagged = _engine(v_module(), gas=4)
+    for ch in [*untagged._act_in.values(), *untagged._act_out.values()]:
+        ch.tag = 0
+    for ch in [*untagged._grad_in.values(), *untagged._grad_out.values()]:
+        ch.tag = 0
+    untagged_losses = _train(untagged, 2, gas=4)
     data = pr.batches(99, 0, 3)
     it = iter(data) if engine._needs_data() else None
     loss, logits = engine.eval_batch(it, return_logits=True, num_micro_batches=3)
@@ -116,6 +125,7 @@ def dualpipev() -> dict[str, Any]:
         "other_schedule": other,
         "engine": type(engine).__name__,
         "losses": losses,
+        "untagged": untagged_losses,
         "eval": float(loss),
         "total_loss": None if engine.total_loss is None else float(engine.total_loss),
         "logits": None if logits is None else list(logits.shape),
