@@ -39,6 +39,7 @@ class DualPipeVModule(PipelineModule):
         layers: Sequence[Any],
         num_stages: int | None = None,
         topology: ProcessTopology | None = None,
+        *args: Any,  # PipelineModule's, in upstream's order (loss_fn, seed_layers, ...)
         **kwargs: Any,
     ) -> None:
         chunks = kwargs.pop("virtual_stages", 2)
@@ -47,7 +48,17 @@ class DualPipeVModule(PipelineModule):
                 f"DualPipeVModule(virtual_stages={chunks}): DualPipeV holds exactly two stages "
                 "per rank; drop virtual_stages (or use PipelineModule for interleaving)"
             )
-        super().__init__(layers, num_stages, topology, virtual_stages=2, **kwargs)
+        ranks = topology.get_dim("pipe") if topology is not None else num_stages
+        if isinstance(ranks, int) and 0 < len(layers) < 2 * ranks:
+            raise ValueError(
+                f"DualPipeVModule with {ranks} pipeline stages cuts the model into "
+                f"{2 * ranks} stages of at least one layer, but it has {len(layers)} layers: "
+                f"use at most {len(layers) // 2} stages"
+            )
+        if len(args) > 9:  # loss_fn ... dynamic_shape; the next would be virtual_stages
+            raise TypeError(f"DualPipeVModule takes PipelineModule's arguments: {len(args)} extra")
+        kwargs["virtual_stages"] = 2
+        super().__init__(layers, num_stages, topology, *args, **kwargs)
         self.active_phase = 0
 
     def chunk_stage(self, chunk: int, stage_id: int | None = None) -> int:
@@ -71,7 +82,9 @@ class DualPipeVModule(PipelineModule):
         self.active_phase = phase
 
     def forward(self, forward_input: Any, chunk: int | None = None) -> Any:
-        return super().forward(forward_input, self.active_phase if chunk is None else chunk)
+        if chunk is not None:  # the engine's call: the phase running, for hooks that ask
+            self.active_phase = chunk
+        return super().forward(forward_input, self.active_phase)
 
 
 class DualPipeVEngine(PipelineEngine):

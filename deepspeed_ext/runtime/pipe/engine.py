@@ -692,9 +692,10 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         key = self._key(cmd)
         grads = self._input_grads.pop(key, None)
         if grads is None:
+            back = self._stage_chunk(self._chunk_stage(key[0]) - 1)[0]  # who sent the input
             raise PipelineError(
                 f"stage {self.stage_id} got no input that requires a gradient, so it has "
-                f"none to send back to stage {self.stage_id - 1}: that stage's output does "
+                f"none to send back to stage {back}: that stage's output does "
                 "not depend on its parameters. Reentrant activation checkpointing does that "
                 "to layers whose inputs need no gradient (token ids): use the default "
                 "activation_checkpoint_func (use_reentrant=False), or checkpointable_layers "

@@ -115,6 +115,7 @@ def dualpipev() -> dict[str, Any]:
     loss, logits = engine.eval_batch(it, return_logits=True, num_micro_batches=3)
     as_v = {"schedule": "dualpipev"}
     keyed = _engine(sequential(), gas=4, pipeline_parallelism={"num_stages": 2}, pipeline=as_v)
+    positional = DualPipeVModule(pr.specs(), 2, None, pr.lm_loss, True)  # upstream's order
     dyn = _engine(v_module(dynamic_shape=True), gas=4)
     ragged = []
     for step in range(2):
@@ -123,6 +124,7 @@ def dualpipev() -> dict[str, Any]:
     return {
         "refused": refused,
         "other_schedule": other,
+        "positional": (positional.loss_fn is pr.lm_loss, positional.seed_layers),
         "engine": type(engine).__name__,
         "losses": losses,
         "untagged": untagged_losses,

@@ -84,6 +84,7 @@ def test_dualpipev_train_eval_config_key_and_dynamic_shapes(runs: list[dict]) ->
             in (d["other_schedule"])
         )
         assert d["engine"] == "DualPipeVEngine"
+        assert tuple(d["positional"]) == (True, True)
         close(d["losses"], ref["losses"])
         close(d["untagged"], ref["losses"])  # a group per edge, as NCCL needs
         close([d["eval"]], [sum(per_mb) / 3])

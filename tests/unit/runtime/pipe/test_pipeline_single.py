@@ -180,6 +180,7 @@ def checks(root: str) -> dict[str, Any]:
 
     out["v_one_stage"] = error_text(lambda: _module(DualPipeVModule))
     out["v_chunks"] = error_text(lambda: _module(DualPipeVModule, num_stages=2, virtual_stages=3))
+    out["v_few_layers"] = error_text(lambda: DualPipeVModule(pr.specs()[:3], 2))
     out["seeded"] = _seeded_dropout()
     out["own_files"] = _own_layer_files(root)
     for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
@@ -256,6 +257,7 @@ def test_dualpipev_module_refuses_one_stage_and_other_chunk_counts(res: dict[str
     assert "DualPipeVModule with 2 model chunks" in res["v_one_stage"], res["v_one_stage"]
     assert "num_stages >= 2" in res["v_one_stage"]
     assert "virtual_stages=3" in res["v_chunks"] and "exactly two" in res["v_chunks"]
+    assert "has 3 layers: use at most 1 stages" in res["v_few_layers"], res["v_few_layers"]
 
 
 def test_config_agreeing_with_the_module_is_fine(res: dict[str, Any]) -> None:
