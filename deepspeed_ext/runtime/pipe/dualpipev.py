@@ -93,6 +93,8 @@ class DualPipeVEngine(PipelineEngine):
     into input- and weight-gradient passes). gradient_accumulation_steps must be at least
     2 * num_stages."""
 
+    layouts = ("v",)
+
     def __init__(self, model: DualPipeVModule, config: Any, **kwargs: Any) -> None:
         if not isinstance(model, DualPipeVModule):
             raise TypeError(

@@ -70,8 +70,15 @@ def _to_device(x: Any, device: torch.device) -> Any:
 class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     _engines = 0  # engines built in this process: tags their p2p messages
     pipeline_parallelism = True
+    layouts = ("interleaved",)  # the module layouts (pipe_layout) its schedules run
 
     def __init__(self, model: PipelineModule, config: Any, mpu: Any = None, **kwargs: Any) -> None:
+        if getattr(model, "pipe_layout", "interleaved") not in self.layouts:
+            raise TypeError(
+                f"{type(self).__name__} cannot run a {type(model).__name__} (its stages sit "
+                f"as a {model.pipe_layout!r}): build the engine with deepspeed.initialize, "
+                "which picks DualPipeVEngine for a DualPipeVModule"
+            )
         check_pipeline_config(config, model, mpu)
         self._tied = model.tied  # read by _model_param_groups during construction
         self._loss_stage = model.loss_stage_id  # is_last_stage() is asked during construction

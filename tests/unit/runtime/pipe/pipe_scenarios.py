@@ -116,6 +116,15 @@ def dualpipev() -> dict[str, Any]:
     as_v = {"schedule": "dualpipev"}
     keyed = _engine(sequential(), gas=4, pipeline_parallelism={"num_stages": 2}, pipeline=as_v)
     positional = DualPipeVModule(pr.specs(), 2, None, pr.lm_loss, True)  # upstream's order
+    from deepspeed_ext.config import parse
+    from deepspeed_ext.runtime.pipe import PipelineEngine
+
+    cfg = parse({"train_micro_batch_size_per_gpu": pr.MICRO, "gradient_accumulation_steps": 4})
+    try:
+        PipelineEngine(positional, cfg)
+        plain_engine = ""
+    except TypeError as e:
+        plain_engine = str(e)
     dyn = _engine(v_module(dynamic_shape=True), gas=4)
     ragged = []
     for step in range(2):
@@ -125,6 +134,7 @@ def dualpipev() -> dict[str, Any]:
         "refused": refused,
         "other_schedule": other,
         "positional": (positional.loss_fn is pr.lm_loss, positional.seed_layers),
+        "plain_engine": plain_engine,
         "engine": type(engine).__name__,
         "losses": losses,
         "untagged": untagged_losses,

@@ -85,6 +85,8 @@ def test_dualpipev_train_eval_config_key_and_dynamic_shapes(runs: list[dict]) ->
         )
         assert d["engine"] == "DualPipeVEngine"
         assert tuple(d["positional"]) == (True, True)
+        assert "PipelineEngine cannot run a DualPipeVModule" in d["plain_engine"]
+        assert "picks DualPipeVEngine" in d["plain_engine"]
         close(d["losses"], ref["losses"])
         close(d["untagged"], ref["losses"])  # a group per edge, as NCCL needs
         close([d["eval"]], [sum(per_mb) / 3])
