@@ -137,10 +137,11 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
         per[name] = e
     ratios: dict[str, Any] = {}
     for name, e in per.items():
-        if e["schedule"].startswith("dualpipev") and "median_step_s" in e:
+        if e["schedule"] != "1f1b" and "idle_s" in e:  # against the same impl's 1F1B
             base = per.get(f"{e['impl']} {e['mode']} m={e['m']}", {})
-            if "idle_s" in e and "idle_s" in base:
+            if "idle_s" in base:
                 e["idle_vs_1f1b"] = e["idle_s"] / base["idle_s"]
+        if e["schedule"].startswith("dualpipev") and "median_step_s" in e:
             peer = per.get(name.replace("ours", "upstream", 1), {})
             if e["schedule"] == "dualpipev" and e["impl"] == "ours" and "median_step_s" in peer:
                 ratios[f"{e['mode']} m={e['m']} dualpipev vs upstream"] = (
@@ -149,10 +150,8 @@ def summarize(contenders: dict[str, PipeContender]) -> dict[str, Any]:
             continue
         if e["impl"] != "ours" or "median_step_s" not in e or e["chunks"] > 1:
             continue
-        if e["schedule"] != "1f1b":  # ZB-H1's idle time against ours 1F1B's
+        if e["schedule"] != "1f1b":  # ZB-H1's step against ours 1F1B's
             base = per.get(f"ours {e['mode']} m={e['m']}", {})
-            if "idle_s" in e and "idle_s" in base:
-                e["idle_vs_1f1b"] = e["idle_s"] / base["idle_s"]
             if "median_step_s" in base:
                 ratios[f"{e['mode']} m={e['m']} zb-h1 vs 1f1b"] = (
                     base["median_step_s"] / e["median_step_s"]

@@ -69,20 +69,23 @@ def _partition_name(method: Any) -> Any:
     return "parameters" if m == "best" else m
 
 
+# pipeline.schedule's values that run a DualPipeVModule (its V of stages)
+V_SCHEDULES = ("dualpipev", "dualpipev-zb")
+
+
 def schedule_for(config: Any, module: PipelineModule) -> str:
     """pipeline.schedule against the module's virtual stages."""
     pipe = config.pipeline
     given = "schedule" in pipe.model_fields_set
-    v_schedules = ("dualpipev", "dualpipev-zb")
     if module.pipe_layout == "v":
-        if given and pipe.schedule not in v_schedules:
+        if given and pipe.schedule not in V_SCHEDULES:
             raise ValueError(
                 f"pipeline.schedule is {pipe.schedule!r} but the model is a DualPipeVModule, "
                 "which runs the dualpipev schedule ('dualpipev-zb': its backwards split): "
                 "drop pipeline.schedule, or build a PipelineModule"
             )
         return str(pipe.schedule) if given else "dualpipev"
-    if given and pipe.schedule in v_schedules:
+    if given and pipe.schedule in V_SCHEDULES:
         raise ValueError(
             f"pipeline.schedule {pipe.schedule!r} needs the model laid out as a V: build it "
             "with deepspeed.pipe.DualPipeVModule (PipelineModule's arguments) instead of "

@@ -150,31 +150,39 @@ class PipeSchedule:
 
 
 def forward_cmds(
-    buf: int, first: bool, last: bool, turn: bool = False, **chunk: int
+    buf: int, first: bool, last: bool, local_in: bool = False, local_out: bool = False, **chunk: int
 ) -> list[PipeInstruction]:
-    """One micro-batch's forward on a (virtual) stage: load or receive, run, send on. `turn`:
-    the neighbouring virtual stage is on this rank (DualPipeV's turn), which hands over
-    in-process instead of a message."""
+    """One micro-batch's forward on a (virtual) stage: load or receive, run, send on.
+    `local_in` / `local_out`: the previous / next virtual stage is on this rank (DualPipeV's
+    turn), which hands over in-process instead of a message."""
     cmds: list[PipeInstruction] = []
     if first or last:
         cmds.append(LoadMicroBatch(buf, **chunk))
-    if not (first or (turn and chunk.get("chunk") == 1)):
+    if not (first or local_in):
         cmds.append(RecvActivation(buf, **chunk))
     cmds.append(ForwardPass(buf, **chunk))
-    if not (last or (turn and chunk.get("chunk") == 0)):
+    if not (last or local_out):
         cmds.append(SendActivation(buf, **chunk))
     return cmds
 
 
 def backward_cmds(
-    buf: int, first: bool, last: bool, split: bool = False, turn: bool = False, **chunk: int
+    buf: int,
+    first: bool,
+    last: bool,
+    split: bool = False,
+    local_in: bool = False,
+    local_out: bool = False,
+    **chunk: int,
 ) -> list[PipeInstruction]:
-    """One micro-batch's backward (its B alone when `split`): receive, run, send back."""
+    """One micro-batch's backward (its B alone when `split`): receive, run, send back; the
+    gradients of a neighbour on this rank (`local_in` / `local_out`, as forward_cmds') are
+    handed over in-process."""
     cmds: list[PipeInstruction] = []
-    if not (last or (turn and chunk.get("chunk") == 0)):
+    if not (last or local_out):
         cmds.append(RecvGrad(buf, **chunk))
     cmds.append(BackwardInputPass(buf, **chunk) if split else BackwardPass(buf, **chunk))
-    if not (first or (turn and chunk.get("chunk") == 1)):
+    if not (first or local_in):
         cmds.append(SendGrad(buf, **chunk))
     return cmds
 
@@ -413,15 +421,15 @@ class DualPipeVSchedule(PipeSchedule):
 
     def steps(self) -> Iterator[list[PipeInstruction]]:
         p, r = self.stages, self.stage_id
-        turn = r == p - 1
+        turn = r == p - 1  # chunk 0's next stage is chunk 1, on this rank
         for kind, c, mb in self.order():
-            first = c == 0 and r == 0
-            last = c == 1 and r == 0
+            ends = {"first": c == 0 and r == 0, "last": c == 1 and r == 0}
+            local = {"local_in": turn and c == 1, "local_out": turn and c == 0}
             if kind == "F":
-                yield forward_cmds(mb, first, last, turn=turn, chunk=c)
+                yield forward_cmds(mb, **ends, **local, chunk=c)
                 continue
             split = self.split_backward
-            cmds = backward_cmds(mb, first, last, split=split, turn=turn, chunk=c)
+            cmds = backward_cmds(mb, **ends, split=split, **local, chunk=c)
             yield cmds + ([BackwardWeightPass(mb, chunk=c)] if split else [])
         if not self.forward_only:
             yield [ReduceTiedGrads(), ReduceGrads(), OptimizerStep()]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .checks import V_SCHEDULES
 from .dualpipev import DualPipeVModule
 from .module import PipelineModule
 
@@ -49,7 +50,7 @@ def as_pipeline(model: Any, config: Any) -> Any:
         topology = PipeModelDataParallelTopology(
             num_pp=stages, num_mp=tp, num_dp=world // (stages * tp)
         )
-    v = "schedule" in pipe.model_fields_set and pipe.schedule in ("dualpipev", "dualpipev-zb")
+    v = "schedule" in pipe.model_fields_set and pipe.schedule in V_SCHEDULES
     return (DualPipeVModule if v else PipelineModule)(
         layers,
         num_stages=stages,
