@@ -5,7 +5,8 @@ A PipeChannel is one direction between two ranks (activations go down the pipe, 
 come back up). What travels is a tuple of tensors. Their shapes, dtypes and requires_grad
 flags (the "meta") are sent once; after that each transfer is ONE message, a packet: a
 16-byte header then every tensor's bytes (16-byte aligned), received into a per-slot buffer
-that is reused between micro-batches (the tensors handed out are views into it). The
+that is reused between micro-batches (the tensors handed out are views into it; the receiver
+picks the slot, a pipeline engine one per micro-batch it has in flight). The
 header's code is what keeps a failing pipeline from hanging:
   OK    the tensors follow, in the negotiated meta;
   META  the meta changed (dynamic shapes): the new meta and then a new packet follow;

@@ -33,6 +33,7 @@ from .batch_feed import BatchFeed
 from .checks import check_pipeline_config, schedule_for
 from .errors import PipelineError
 from .module import PipelineModule
+from .recv_slots import plan_recv_slots
 from .split_backward import SplitPlan, plan_split
 from .upstream_helpers import PipeUpstreamHelpers
 
@@ -65,6 +66,20 @@ def _to_device(x: Any, device: torch.device) -> Any:
     if isinstance(x, (tuple, list)):
         return tuple(_to_device(t, device) for t in x)
     return x
+
+
+def _unaliased(out: Any, received: Any) -> Any:
+    """`out`, with any tensor that is a view of the received input (a stage that passes its
+    input through) copied: the input's receive buffer is reused (plan_recv_slots)."""
+    if received is None:
+        return out
+    ptrs = {t.untyped_storage().data_ptr() for t in _as_tuple(received)}
+
+    def own(t: Any) -> Any:
+        aliased = isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in ptrs
+        return t.clone() if aliased else t
+
+    return tuple(own(t) for t in out) if isinstance(out, tuple) else own(out)
 
 
 class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
@@ -483,6 +498,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         senders = [*self._act_out.values(), *self._grad_out.values()]
         plan = list(sched.steps())
         self._expect_receives(plan)
+        self._recv_slot = plan_recv_slots(plan)  # keyed by id(): `plan` outlives its use
         try:
             for step in plan:
                 for cmd in step:
@@ -549,7 +565,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     def _exec_recv_activations(self, cmd: sch.RecvActivation) -> None:
         c, b = self._key(cmd)
         ch = self._act_in[c]
-        bufs = ch.recv(b)
+        bufs = ch.recv(self._recv_slot[id(cmd)])
         assert ch.recv_meta is not None
         grad = torch.is_grad_enabled()
         ins = tuple(
@@ -567,6 +583,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             if c in self._hand_on:
                 self._turn(c, b, out)
             return
+        if not torch.is_grad_enabled():  # eval keeps it past this slot's next receive
+            out = _unaliased(out, self._inputs.get((c, b)))
         loss_fn: Any = getattr(self.module, "loss_fn", None)
         if self._compute_loss and loss_fn is not None:
             loss = loss_fn(out, self._labels.pop((c, b)))
@@ -607,12 +625,10 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             self._inputs.pop(key, None)
 
     def _exec_recv_grads(self, cmd: sch.RecvGrad) -> None:
-        c, b = self._key(cmd)
+        c = self._key(cmd)[0]
         # a split backward's W reads these gradients later (its join nodes' seeds can be
-        # them): under zb-h1 a slot per buffer keeps them until the buffer's next
-        # micro-batch; dualpipev-zb runs each W before its chunk's next receive
-        slot = b if self.schedule_name == "zb-h1" else 0
-        self._grads_in[c] = self._grad_in[c].recv(slot)
+        # them): the slot stays theirs until then (plan_recv_slots)
+        self._grads_in[c] = self._grad_in[c].recv(self._recv_slot[id(cmd)])
 
     def _backward_roots(self, c: int, b: int) -> tuple[list[torch.Tensor], list[Any]]:
         """The tensors a micro-batch's backward starts from, and their gradients."""

@@ -68,13 +68,46 @@ def eval_after_training() -> dict[str, Any]:
     }
 
 
+def _recv_buffers(engine: Any) -> int:
+    """The most receive buffers any of this rank's channels holds."""
+    chans = [*engine._act_in.values(), *engine._grad_in.values()]
+    return max((len(ch._slots) for ch in chans), default=0)
+
+
+class _Double(nn.Module):
+    def __init__(self, through: bool = False) -> None:
+        super().__init__()
+        self.through = through
+        self.unused = nn.Parameter(torch.zeros(1))  # a stage needs one to build its optimizer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.through else x * 2.0
+
+
 def interleaved() -> dict[str, Any]:
+    """Interleaved train and eval; the receive buffers stay as many as the micro-batches in
+    flight (not one per micro-batch of the batch); and eval outputs of a last stage that
+    passes its received input through are the micro-batches' own, not views into a reused
+    receive buffer."""
     engine = _engine(_module(virtual_stages=2))
     losses = _train(engine, 2)
     data = pr.batches(99, 0, 3)
     it = iter(data) if engine._needs_data() else None
     loss = engine.eval_batch(it, num_micro_batches=3)
-    return {"losses": losses, "eval": float(loss), "schedule": engine.schedule_name}
+    many = pr.batches(98, 0, 12)
+    engine.eval_batch(iter(many) if engine._needs_data() else None, num_micro_batches=12)
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    through = _engine(PipelineModule([_Double(), _Double(through=True)], num_stages=2), gas=3)
+    xs = [(torch.full((2, 3), float(i)), torch.zeros(2)) for i in range(3)]
+    outs = through.eval_batch(iter(xs), compute_loss=False, reduce_output=None)
+    return {
+        "losses": losses,
+        "eval": float(loss),
+        "schedule": engine.schedule_name,
+        "recv_buffers": _recv_buffers(engine),
+        "passed_through": [t.tolist() for t in outs] if through.is_last_stage() else None,
+    }
 
 
 def dualpipev() -> dict[str, Any]:

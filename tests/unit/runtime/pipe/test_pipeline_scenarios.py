@@ -66,6 +66,11 @@ def test_interleaved_train_and_eval(runs: list[dict]) -> None:
         assert r["interleaved"]["schedule"] == "interleaved"
         close(r["interleaved"]["losses"], ref["losses"])
         close([r["interleaved"]["eval"]], [sum(per_mb) / 3])
+        # 2 ranks x 2 chunks, gas 2 and an eval of 12: a buffer per micro-batch would be 12
+        assert 1 <= r["interleaved"]["recv_buffers"] <= 3, r["interleaved"]["recv_buffers"]
+    through = [r["interleaved"]["passed_through"] for r in runs]
+    assert through[0] is None
+    assert through[1] == [torch.full((2, 3), 2.0 * i).tolist() for i in range(3)]
 
 
 def test_dualpipev_train_eval_config_key_and_dynamic_shapes(runs: list[dict]) -> None:
