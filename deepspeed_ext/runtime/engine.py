@@ -247,15 +247,26 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             if hasattr(client, "attach_engine") and getattr(client, "deepspeed", None) is None:
                 client.attach_engine(self)  # a 1-bit optimizer made before the engine
             return client
-        groups = self.strategy.optimizer_param_groups()
-        if callable(client):
-            return client(groups)
-        if client is not None:
+        if client is not None and not callable(client):
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer or a callable, not {type(client)}"
             )
-        if self.config.optimizer is None or not self.config.optimizer.type:
+        if client is None and (self.config.optimizer is None or not self.config.optimizer.type):
             return None
+        groups = self.strategy.optimizer_param_groups()
+        if not groups:
+            if not self.pipeline_parallelism:
+                raise ValueError(
+                    "no parameter of the model requires a gradient, so the optimizer would "
+                    "train nothing: unfreeze the parameters to train (requires_grad=True), or "
+                    "give deepspeed.initialize no optimizer (and no optimizer section) to "
+                    "run the model without training it"
+                )
+            # a frozen pipeline stage (the others train): an optimizer still carries the lr
+            # its scheduler and checkpoints read
+            groups = [{"params": []}]
+        if callable(client):
+            return client(groups)
         master_device = (
             groups[0]["params"][0].device if groups and groups[0]["params"] else self.device
         )

@@ -98,6 +98,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._tied = model.tied  # read by _model_param_groups during construction
         self._loss_stage = model.loss_stage_id  # is_last_stage() is asked during construction
         self._chunk_stage, self._stage_chunk = model.chunk_stage, model.stage_chunk  # the layout
+        self._chunk_trains = model.chunk_trains
         super().__init__(model, config, mpu=model.mpu(), **kwargs)
         self.grid = model.mpu()
         model.checkpoint_parallel_write_pipeline = bool(
@@ -619,7 +620,12 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
 
     def _exec_send_activations(self, cmd: sch.SendActivation) -> None:
         key = self._key(cmd)
-        self._act_out[key[0]].send(_as_tuple(self._outputs[key]))
+        outs = _as_tuple(self._outputs[key])
+        if torch.is_grad_enabled() and not any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in outs
+        ):
+            self._check_trains_nothing(key[0])
+        self._act_out[key[0]].send(outs)
         if not torch.is_grad_enabled():
             del self._outputs[key]
             self._inputs.pop(key, None)
@@ -713,19 +719,26 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
 
     def _exec_send_grads(self, cmd: sch.SendGrad) -> None:
         key = self._key(cmd)
-        grads = self._input_grads.pop(key, None)
-        if grads is None:
-            back = self._stage_chunk(self._chunk_stage(key[0]) - 1)[0]  # who sent the input
-            raise PipelineError(
-                f"stage {self.stage_id} got no input that requires a gradient, so it has "
-                f"none to send back to stage {back}: that stage's output does "
-                "not depend on its parameters. Reentrant activation checkpointing does that "
-                "to layers whose inputs need no gradient (token ids): use the default "
-                "activation_checkpoint_func (use_reentrant=False), or checkpointable_layers "
-                "to leave such layers out"
-            )
+        # none: the previous stage sent nothing that needs a gradient (it trains nothing, as
+        # it checked before sending): an empty message completes its schedule's receive
+        grads = self._input_grads.pop(key, ())
         self._grad_out[key[0]].send(grads)
         self._inputs.pop(key, None)
+
+    def _check_trains_nothing(self, c: int) -> None:
+        """A stage sending activations that need no gradient must train nothing before them:
+        its parameters would never get one."""
+        if not self._chunk_trains(c):
+            return  # frozen layers (fine-tuning the rest): no gradient comes back, rightly
+        nxt = self._stage_chunk(self._chunk_stage(c) + 1)[0]
+        raise PipelineError(
+            f"stage {self.stage_id} sends stage {nxt} an output that needs no gradient, yet "
+            "it has parameters to train: the output does not depend on them, so they would "
+            "never get a gradient. Reentrant activation checkpointing does that to layers "
+            "whose inputs need no gradient (token ids): use the default "
+            "activation_checkpoint_func (use_reentrant=False), or checkpointable_layers to "
+            "leave such layers out; or freeze them (requires_grad=False)"
+        )
 
     def _exec_reduce_tied_grads(self, cmd: sch.ReduceTiedGrads) -> None:
         for params, group in self._tied.shared():

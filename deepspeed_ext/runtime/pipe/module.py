@@ -174,6 +174,15 @@ class PipelineModule(torch.nn.Module):
         """The pipeline stage holding the model's last layers (it computes the loss)."""
         return self.stage_chunk(self.num_stages * self.virtual_stages - 1)[0]
 
+    def chunk_trains(self, chunk: int = 0) -> bool:
+        """Whether model chunk `chunk`'s layers hold a parameter that requires a gradient."""
+        for fn in self.chunk_funcs[chunk]:
+            if isinstance(fn, functools.partial) and fn.args:
+                fn = fn.args[0]  # a tied layer's forward_fn over its module
+            if isinstance(fn, torch.nn.Module) and any(p.requires_grad for p in fn.parameters()):
+                return True
+        return False
+
     def local_layer_indices(self) -> list[int]:
         """Global indices of this rank's layers, chunk by chunk."""
         return [i for lo, hi in self.chunk_ranges for i in range(lo, hi)]

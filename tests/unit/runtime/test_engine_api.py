@@ -194,3 +194,26 @@ def test_wall_clock_breakdown_adds_phase_times(capfd):
     err = capfd.readouterr().err
     line = next(ln for ln in err.splitlines() if "step 2 |" in ln)
     assert "forward" in line and "backward" in line and " step " in line.split("peak mem")[1], line
+
+
+def _frozen_model(with_optimizer: bool) -> str:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    model = mlp().requires_grad_(False)
+    cfg: dict = {"train_micro_batch_size_per_gpu": 8}
+    if with_optimizer:
+        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": 1e-3}}
+    try:
+        engine, opt, *_ = initialize(model=model, config=cfg)
+    except ValueError as e:
+        return str(e)
+    x, _ = batch(0, 0)
+    return f"built, optimizer {opt}, forward {tuple(engine(x).shape)}"
+
+
+def test_a_model_with_nothing_to_train_is_refused_with_an_optimizer_only():
+    """Every parameter frozen: an optimizer would train nothing (upstream: torch's 'empty
+    parameter list'), refused naming the fix; without one the engine runs the model."""
+    refused, built = run_ranks(_frozen_model, 1, True)[0], run_ranks(_frozen_model, 1, False)[0]
+    assert "no parameter of the model requires a gradient" in refused, refused
+    assert built.startswith("built, optimizer None, forward"), built

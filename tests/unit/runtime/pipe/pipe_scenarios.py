@@ -24,9 +24,9 @@ def _engine(module: Any, gas: int = 2, **extra: Any) -> Any:
         "gradient_clipping": pr.CLIP,
         **extra,
     }
-    engine, *_ = initialize(
-        model=module, config=cfg, optimizer=lambda g: torch.optim.AdamW(g, lr=pr.LR)
-    )
+    # the config's optimizer when it has one, else torch's AdamW
+    client = None if "optimizer" in cfg else (lambda g: torch.optim.AdamW(g, lr=pr.LR))
+    engine, *_ = initialize(model=module, config=cfg, optimizer=client)
     return engine
 
 
@@ -451,6 +451,23 @@ def stage_p2p() -> dict[str, Any]:
     return {"got": got.tolist(), "obj": obj, "refused": refused, "can": p2p.can_send_recv()}
 
 
+def frozen_first_stage(stage: int = 1) -> dict[str, Any]:
+    """Stage 0's layers frozen (fine-tuning the rest): its rank has nothing to train, and
+    nothing it sends needs a gradient; ZeRO `stage`, the config's optimizer."""
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
+    module = PipelineModule(pr.specs(tied=False), **args)
+    if module.stage_id == 0:
+        module.requires_grad_(False)
+    before = [p.detach().clone() for p in module.parameters()]
+    adamw = {"type": "AdamW", "params": {"lr": pr.LR, "weight_decay": 0.01}}  # torch's
+    engine = _engine(module, optimizer=adamw, zero_optimization={"stage": stage})
+    losses = _train(engine, 3)
+    moved = [not torch.equal(a, b) for a, b in zip(before, engine.module.parameters())]
+    return {"losses": losses, "frozen_layers": module.parts[1], "moved": moved}
+
+
 SCENARIOS = {
     "eval": eval_after_training,
     "stage_p2p": stage_p2p,
@@ -473,6 +490,7 @@ SCENARIOS = {
     "missing_loss_fn": missing_loss_fn,
     "detached_stage": detached_stage,
     "eval_runs_out": eval_data_runs_out,
+    "frozen_first_stage": frozen_first_stage,
     "failed_batch": failed_batch_then_more,
 }
 

@@ -234,8 +234,9 @@ def test_missing_loss_fn(runs: list[dict]) -> None:
 
 def test_a_stage_with_no_gradient_to_send_says_why(runs: list[dict]) -> None:
     last, first = runs[1]["detached_stage"], runs[0]["detached_stage"]
-    assert last["error"] == "PipelineError" and "use_reentrant=False" in last["message"]
-    assert first["error"] == "PipeAborted"
+    assert first["error"] == "PipelineError" and "use_reentrant=False" in first["message"]
+    assert "stage 0 sends stage 1 an output that needs no gradient" in first["message"]
+    assert last["error"] == "PipeAborted"
 
 
 def test_eval_data_running_out_stops_every_stage_and_training_goes_on(runs: list[dict]) -> None:
@@ -253,3 +254,29 @@ def test_an_engine_whose_batch_failed_refuses_the_next(runs: list[dict]) -> None
         assert "an earlier batch failed" in got["then"]["message"], got["then"]
         assert got["first"]["error"] in got["then"]["message"], got
         assert got["again"]["error"] == "PipelineError", got["again"]  # eval_batch too
+
+
+def test_a_frozen_first_stage_trains_the_rest_as_the_reference(runs: list[dict]) -> None:
+    """Stage 0 frozen: its rank builds an optimizer with nothing to step, stage 1 sends it an
+    empty gradient message (nothing it got needs one), and the rest trains as a single
+    process with the same layers frozen does."""
+    n0 = runs[0]["frozen_first_stage"]["frozen_layers"]
+    model = pr.Reference(tied=False)
+    for layer in list(model.layers)[:n0]:
+        layer.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=pr.LR)
+    losses = []
+    for step in range(3):
+        total = 0.0
+        for ids, labels in pr.batches(step, 0, 2):
+            loss = pr.lm_loss(model(ids), labels)
+            (loss / 2).backward()
+            total += float(loss.detach()) / 2
+        torch.nn.utils.clip_grad_norm_(model.parameters(), pr.CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    for r in runs:
+        close(r["frozen_first_stage"]["losses"], losses)
+    assert not any(runs[0]["frozen_first_stage"]["moved"])
+    assert all(runs[1]["frozen_first_stage"]["moved"])
