@@ -226,6 +226,8 @@ class DataParallelStrategy:
     @torch.no_grad()
     def load_named_state(self, optimizer: Any, named: NamedState, where: Any) -> None:
         """[Note: named optimizer state]: this stage's params, whatever layout saved them."""
+        if not self.model_groups:  # nothing trains here (a frozen pipeline stage)
+            return
         current = optimizer.state_dict()
         state: dict[int, dict[str, Any]] = {}
         groups = []

@@ -255,21 +255,20 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             return None
         groups = self.strategy.optimizer_param_groups()
         if not groups:
-            if not self.pipeline_parallelism:
-                raise ValueError(
-                    "no parameter of the model requires a gradient, so the optimizer would "
-                    "train nothing: unfreeze the parameters to train (requires_grad=True), or "
-                    "give deepspeed.initialize no optimizer (and no optimizer section) to "
-                    "run the model without training it"
-                )
-            # a frozen pipeline stage (the others train): an optimizer still carries the lr
-            # its scheduler and checkpoints read
+            # nothing trains here: a frozen pipeline stage (the others train), or a frozen
+            # model given an optimizer anyway (a reference model built from the training
+            # config, as TRL builds one); the optimizer still carries the lr its scheduler
+            # and checkpoints read
             groups = [{"params": []}]
+            if not self.pipeline_parallelism:
+                logger.warning(
+                    "no parameter of the model requires a gradient: the optimizer has "
+                    "nothing to train (unfreeze what should train: requires_grad=True)"
+                )
         if callable(client):
             return client(groups)
-        master_device = (
-            groups[0]["params"][0].device if groups and groups[0]["params"] else self.device
-        )
+        first = groups[0]["params"]
+        master_device = first[0].device if first else optimizer_device(self.config, self.device)
         return build_optimizer(
             self.config.optimizer.type,
             groups,

@@ -243,6 +243,8 @@ class ZeroStrategy:
     @torch.no_grad()
     def load_named_state(self, optimizer: Any, named: NamedState, where: Any) -> None:
         """[Note: named optimizer state]: cut into this rank's chunks of this layout."""
+        if not self.groups:  # nothing trains here (a frozen pipeline stage)
+            return
         current = optimizer.state_dict()
         state: dict[int, dict[str, Any]] = {}
         groups, masters = [], []

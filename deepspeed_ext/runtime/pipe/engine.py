@@ -69,17 +69,23 @@ def _to_device(x: Any, device: torch.device) -> Any:
 
 
 def _unaliased(out: Any, received: Any) -> Any:
-    """`out`, with any tensor that is a view of the received input (a stage that passes its
-    input through) copied: the input's receive buffer is reused (plan_recv_slots)."""
+    """`out`, with any tensor in it (nested in tuples, lists, dicts) that is a view of the
+    received input (a stage that passes its input through) copied: the input's receive
+    buffer is reused (plan_recv_slots)."""
     if received is None:
         return out
     ptrs = {t.untyped_storage().data_ptr() for t in _as_tuple(received)}
 
-    def own(t: Any) -> Any:
-        aliased = isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() in ptrs
-        return t.clone() if aliased else t
+    def own(x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return x.clone() if x.untyped_storage().data_ptr() in ptrs else x
+        if isinstance(x, (tuple, list)):
+            return type(x)(own(v) for v in x)
+        if isinstance(x, dict):
+            return {k: own(v) for k, v in x.items()}
+        return x
 
-    return tuple(own(t) for t in out) if isinstance(out, tuple) else own(out)
+    return own(out)
 
 
 class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
@@ -96,6 +102,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             )
         check_pipeline_config(config, model, mpu)
         self._tied = model.tied  # read by _model_param_groups during construction
+        self._tied.check_frozen_alike()
         self._loss_stage = model.loss_stage_id  # is_last_stage() is asked during construction
         self._chunk_stage, self._stage_chunk = model.chunk_stage, model.stage_chunk  # the layout
         self._chunk_trains = model.chunk_trains
@@ -601,7 +608,9 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         if self.eval_return_logits:
             self.outputs = out
         self._outputs[(c, b)] = loss
-        self._losses.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+        kept = loss.detach() if isinstance(loss, torch.Tensor) else loss
+        # read at the step, after this slot's next receive (a loss passed through is a view)
+        self._losses.append(_unaliased(kept, self._inputs.get((c, b))))
         hook: Any = getattr(self.module, "get_additional_losses", None)
         if hook is not None and torch.is_grad_enabled():  # a training batch
             self._extras.add(hook())
@@ -624,7 +633,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         if torch.is_grad_enabled() and not any(
             isinstance(t, torch.Tensor) and t.requires_grad for t in outs
         ):
-            self._check_trains_nothing(key[0])
+            self._check_gradient_not_cut(*key)
         self._act_out[key[0]].send(outs)
         if not torch.is_grad_enabled():
             del self._outputs[key]
@@ -725,28 +734,42 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._grad_out[key[0]].send(grads)
         self._inputs.pop(key, None)
 
-    def _check_trains_nothing(self, c: int) -> None:
-        """A stage sending activations that need no gradient must train nothing before them:
-        its parameters would never get one."""
-        if not self._chunk_trains(c):
-            return  # frozen layers (fine-tuning the rest): no gradient comes back, rightly
+    def _check_gradient_not_cut(self, c: int, b: int) -> None:
+        """A stage whose output needs no gradient must train nothing, and get no input that
+        needs one: else what trains at or before it never gets a gradient (or trains on
+        zeros) while the loss says nothing is wrong."""
+        ins = _as_tuple(self._inputs.get((c, b)))
+        needed = any(isinstance(t, torch.Tensor) and t.requires_grad for t in ins)
+        trains = self._chunk_trains(c)
+        if not (trains or needed):
+            return  # frozen layers over data (fine-tuning the rest): rightly no gradient
         nxt = self._stage_chunk(self._chunk_stage(c) + 1)[0]
+        why = (
+            "it has parameters to train"
+            if trains
+            else "its input needs one (the stages before it train)"
+        )
         raise PipelineError(
             f"stage {self.stage_id} sends stage {nxt} an output that needs no gradient, yet "
-            "it has parameters to train: the output does not depend on them, so they would "
-            "never get a gradient. Reentrant activation checkpointing does that to layers "
-            "whose inputs need no gradient (token ids): use the default "
-            "activation_checkpoint_func (use_reentrant=False), or checkpointable_layers to "
-            "leave such layers out; or freeze them (requires_grad=False)"
+            f"{why}: the output does not depend on them, so they would never get a "
+            "gradient. A layer detaches it (torch.no_grad, .detach()), or reentrant "
+            "activation checkpointing does, over layers whose inputs need no gradient "
+            "(token ids): use the default activation_checkpoint_func (use_reentrant=False), "
+            "or checkpointable_layers to leave such layers out; or freeze what should not "
+            "train (requires_grad=False)"
         )
 
     def _exec_reduce_tied_grads(self, cmd: sch.ReduceTiedGrads) -> None:
-        for params, group in self._tied.shared():
+        for params, group in self._tied.trained():
             for g in self.strategy.grads_of(params):
                 comm.all_reduce(g, group=group)
 
     def _exec_optimizer_step(self, cmd: sch.OptimizerStep) -> None:
-        replicated = [p for p in self._tied.params() if getattr(p, "ds_pipe_replicated", False)]
+        replicated = [
+            p
+            for p in self._tied.params()
+            if p.requires_grad and getattr(p, "ds_pipe_replicated", False)
+        ]
         sq: torch.Tensor | float = 0.0
         if replicated:
             sq = sum_of_squares(self.strategy.grads_of(replicated), self._comm_device)

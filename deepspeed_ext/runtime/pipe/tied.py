@@ -72,6 +72,31 @@ class TiedWeights:
     def params(self) -> list[torch.nn.Parameter]:
         return [p for _, ps, _ in self._entries for p in ps]
 
+    def trained(self) -> list[tuple[list[torch.nn.Parameter], AxisGroup]]:
+        """shared(), less frozen params (frozen on every stage alike: check_frozen_alike)."""
+        out = [([p for p in ps if p.requires_grad], g) for ps, g in self.shared()]
+        return [(ps, g) for ps, g in out if ps]
+
+    def check_frozen_alike(self) -> None:
+        """Every stage holding a tied weight freezes it or trains it alike (one collective
+        per shared key, at engine start): frozen on one stage only, its copies would drift
+        apart, and the stages would disagree about which gradients to sum."""
+        for key, params, group in self._entries:
+            if group.size < 2:
+                continue
+            dev = comm.collective_device(group)
+            flags = torch.tensor([float(p.requires_grad) for p in params], device=dev)
+            both = torch.cat([flags, -flags])
+            comm.all_reduce(both, op=comm.ReduceOp.MAX, group=group)
+            if torch.equal(both[: len(params)], -both[len(params) :]):
+                continue
+            raise ValueError(
+                f"the weights tied under TiedLayerSpec key {key!r} are frozen "
+                "(requires_grad=False) on some of the pipeline stages holding them and "
+                "trained on others: freeze or unfreeze them on every stage alike (the tied "
+                "module is PipelineModule.tied_modules[{key!r}] on each)"
+            )
+
     def allreduce_param_grads(self) -> None:
         for params, group in self.shared():
             for p in params:

@@ -162,6 +162,52 @@ def parallel_write(root: str) -> dict[str, Any]:
     return out
 
 
+FROZEN = 3  # the first layers (embedding and 2 blocks: the 2-stage cut's stage 0)
+
+
+def _frozen_engine(stages: int) -> Any:
+    """ZeRO 1, untied head, layers before FROZEN frozen (a whole stage at 2 stages)."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    args = dict(num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
+    module = PipelineModule(pr.specs(tied=False), partition_method="uniform", **args)
+    for idx in module.local_layer_indices():
+        if idx < FROZEN:  # layer 0 is the embedding's TiedLayerSpec (its only holder)
+            key = getattr(module._layer_specs[idx], "key", None)
+            (module.tied_modules[key] if key else getattr(module, str(idx))).requires_grad_(False)
+    cfg = {
+        "train_micro_batch_size_per_gpu": pr.MICRO,
+        "gradient_accumulation_steps": GAS * stages // 2,  # the global batch of _step
+        "zero_optimization": {"stage": 1},
+        "optimizer": {"type": "AdamW", "params": {"lr": pr.LR, "weight_decay": 0.01}},
+    }
+    engine, *_ = initialize(model=module, config=cfg)
+    return engine
+
+
+def frozen_stage(root: str) -> dict[str, Any]:
+    """2 stages x 2 data ranks with stage 0 frozen: its checkpoint resumes at the same
+    layout and at 4 stages x 1 (the frozen layers then on 2 stages, the optimizer state
+    re-cut by name, and the frozen ranks' empty optimizers given nothing)."""
+    where = Path(root) / "frozen"
+    first = _frozen_engine(2)
+    for s in range(2):
+        _step(first, s)
+    first.save_checkpoint(where)
+    cont = [_step(first, s) for s in range(2, 4)]
+    same = _frozen_engine(2)
+    same.load_checkpoint(where)
+    other = _frozen_engine(4)
+    other.load_checkpoint(where)
+    return {
+        "continued": cont,
+        "same_layout": [_step(same, s) for s in range(2, 4)],
+        "four_stages": [_step(other, s) for s in range(2, 4)],
+    }
+
+
 def all_cases(root: str, cases: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    """Each case's resume, the DualPipeV run, then (last) the parallel-write run."""
-    return [*(resume(root, z, d) for z, d in cases), dualpipev(root), parallel_write(root)]
+    """Each case's resume, the frozen-stage run, the DualPipeV run, then (last) the
+    parallel-write run."""
+    resumes = [resume(root, z, d) for z, d in cases]
+    return [*resumes, frozen_stage(root), dualpipev(root), parallel_write(root)]

@@ -468,6 +468,40 @@ def frozen_first_stage(stage: int = 1) -> dict[str, Any]:
     return {"losses": losses, "frozen_layers": module.parts[1], "moved": moved}
 
 
+def tied_frozen() -> dict[str, Any]:
+    """A tied embedding frozen on stage 0 only is refused at start on both stages (its
+    copies would drift apart); frozen on both, the rest trains."""
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
+    one = PipelineModule(pr.specs(), **args)
+    if one.stage_id == 0:
+        one.tied_modules["embed"].requires_grad_(False)
+    refused = _expect_failure(lambda: _engine(one))
+    both = PipelineModule(pr.specs(), **args)
+    both.tied_modules["embed"].requires_grad_(False)
+    return {"refused": refused, "losses": _train(_engine(both), 3)}
+
+
+class _Detach(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach()
+
+
+def gradient_cut() -> dict[str, Any]:
+    """Interleaved, virtual stage 1 (rank 1) a parameter-free layer that detaches its
+    input, whose gradient the trained virtual stage 0 needs: an error naming the stage,
+    where sending back nothing would train stage 0 on no gradient, silently."""
+    from deepspeed_ext.runtime.pipe import LayerSpec, PipelineModule
+
+    specs = pr.specs(tied=False)
+    layers = [*specs[:2], LayerSpec(_Detach), *specs[2:]]
+    module = PipelineModule(
+        layers, num_stages=2, loss_fn=pr.lm_loss, partition_method=[0, 2, 3, 5, 8], virtual_stages=2
+    )
+    return _expect_failure(lambda: _train(_engine(module), 1))
+
+
 SCENARIOS = {
     "eval": eval_after_training,
     "stage_p2p": stage_p2p,
@@ -491,6 +525,8 @@ SCENARIOS = {
     "detached_stage": detached_stage,
     "eval_runs_out": eval_data_runs_out,
     "frozen_first_stage": frozen_first_stage,
+    "tied_frozen": tied_frozen,
+    "gradient_cut": gradient_cut,
     "failed_batch": failed_batch_then_more,
 }
 

@@ -128,3 +128,9 @@ def test_zero_to_fp32_consolidates_the_pipeline(runs: list[list[dict]], case: in
             "embed." + name.split(".", 2)[2] if name.startswith("tied_") else "layers." + name
         )
         torch.testing.assert_close(t, want[ref_name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_frozen_stage_resumes_at_its_layout_and_at_another(runs: list[list[dict]]) -> None:
+    for r in (x[len(CASES)] for x in runs):
+        assert r["same_layout"] == r["continued"]
+        torch.testing.assert_close(torch.tensor(r["four_stages"]), torch.tensor(r["continued"]))

@@ -280,3 +280,35 @@ def test_a_frozen_first_stage_trains_the_rest_as_the_reference(runs: list[dict])
         close(r["frozen_first_stage"]["losses"], losses)
     assert not any(runs[0]["frozen_first_stage"]["moved"])
     assert all(runs[1]["frozen_first_stage"]["moved"])
+
+
+def test_tied_weights_frozen_alike_or_refused(runs: list[dict]) -> None:
+    for r in runs:
+        refused = r["tied_frozen"]["refused"]
+        assert refused["error"] == "ValueError", refused
+        assert "TiedLayerSpec key 'embed' are frozen" in refused["message"], refused
+    model = pr.Reference()
+    assert model.embed is not None
+    model.embed.requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=pr.LR)
+    losses = []
+    for step in range(3):
+        total = 0.0
+        for ids, labels in pr.batches(step, 0, 2):
+            loss = pr.lm_loss(model(ids), labels)
+            (loss / 2).backward()
+            total += float(loss.detach()) / 2
+        torch.nn.utils.clip_grad_norm_(model.parameters(), pr.CLIP)
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    for r in runs:
+        close(r["tied_frozen"]["losses"], losses)
+
+
+def test_a_detached_gradient_path_through_a_frozen_stage_says_where(runs: list[dict]) -> None:
+    cut, other = runs[1]["gradient_cut"], runs[0]["gradient_cut"]
+    assert cut["error"] == "PipelineError", cut
+    assert "stage 1 sends stage 0 an output that needs no gradient" in cut["message"], cut
+    assert "its input needs one" in cut["message"], cut
+    assert other["error"] == "PipeAborted", other
