@@ -53,6 +53,14 @@ def channels() -> dict[str, Any]:
         out[f"got_{tag}"] = got
     comm.comms_logger.configure(enabled=False)
     out["sent"] = sent
+    # no tensors (a frozen stage's gradient message): header only, nothing to gather
+    ch = PipeChannel(peer, "empty output", tag=10, split=axis)
+    if stage == 0:
+        ch.send(())
+        ch.send(())
+        ch.wait_sends()
+    else:
+        out["empty"] = [ch.recv(), ch.recv(slot=1)]
     out["expected"] = [list(_tensors(s, r)) for s, r in enumerate((3, 3, 3, 6))]
 
     # tensor ranks that disagree: in values, in shapes; and ones that differ by rounding

@@ -87,3 +87,9 @@ def test_early_receives_land_without_overwriting_held_messages(runs: list[dict])
             for g, w in zip(got, p2p_runs._tensors(step, rows), strict=True):
                 assert g.dtype == w.dtype and torch.equal(g, w.detach())
         assert r["early_abort"] is not None and r["early_abort"].startswith("PipeAborted")
+
+
+def test_a_split_channel_carries_empty_messages(runs: list[dict]) -> None:
+    for r in runs:
+        if r["stage"] == 1:
+            assert r["empty"] == [(), ()], r["empty"]
