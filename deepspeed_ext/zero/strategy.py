@@ -79,13 +79,19 @@ class ZeroStrategy:
         ]
 
     def repoint(self, optimizer: torch.optim.Optimizer) -> None:
-        """A client optimizer built on the model params: one flat master per group instead."""
-        if len(optimizer.param_groups) != len(self.groups):
+        """A client optimizer built on the model params: one flat master per group instead
+        (a group of frozen params only, as a frozen pipeline stage's, left empty)."""
+        trains = [og for og in optimizer.param_groups if any(p.requires_grad for p in og["params"])]
+        if len(trains) != len(self.groups):
             raise ValueError(
-                "with ZeRO, each optimizer param group must hold trainable params: "
-                f"{len(optimizer.param_groups)} groups but {len(self.groups)} with trainable params"
+                "with ZeRO, the optimizer's param groups must be the model's groups: "
+                f"{len(trains)} groups with trainable params but {len(self.groups)} given to "
+                "the engine; build the optimizer on the params given to deepspeed.initialize "
+                "(model_parameters=, or the model's)"
             )
-        for og, grp in zip(optimizer.param_groups, self.groups):
+        for og in optimizer.param_groups:
+            og["params"] = []
+        for og, grp in zip(trains, self.groups):
             og["params"] = list(grp.masters)
 
     # -- backward --

@@ -451,9 +451,11 @@ def stage_p2p() -> dict[str, Any]:
     return {"got": got.tolist(), "obj": obj, "refused": refused, "can": p2p.can_send_recv()}
 
 
-def frozen_first_stage(stage: int = 1) -> dict[str, Any]:
+def frozen_first_stage(stage: int = 1, client_object: bool = False) -> dict[str, Any]:
     """Stage 0's layers frozen (fine-tuning the rest): its rank has nothing to train, and
-    nothing it sends needs a gradient; ZeRO `stage`, the config's optimizer."""
+    nothing it sends needs a gradient; ZeRO `stage`, the config's optimizer, or a torch
+    optimizer object built on every param (frozen ones too, as upstream takes it)."""
+    from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.runtime.pipe import PipelineModule
 
     args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
@@ -461,8 +463,18 @@ def frozen_first_stage(stage: int = 1) -> dict[str, Any]:
     if module.stage_id == 0:
         module.requires_grad_(False)
     before = [p.detach().clone() for p in module.parameters()]
-    adamw = {"type": "AdamW", "params": {"lr": pr.LR, "weight_decay": 0.01}}  # torch's
-    engine = _engine(module, optimizer=adamw, zero_optimization={"stage": stage})
+    if client_object:
+        cfg = {
+            "train_micro_batch_size_per_gpu": pr.MICRO,
+            "gradient_accumulation_steps": 2,
+            "gradient_clipping": pr.CLIP,
+            "zero_optimization": {"stage": stage},
+        }
+        opt = torch.optim.AdamW(module.parameters(), lr=pr.LR)
+        engine, *_ = initialize(model=module, config=cfg, optimizer=opt)
+    else:
+        adamw = {"type": "AdamW", "params": {"lr": pr.LR, "weight_decay": 0.01}}  # torch's
+        engine = _engine(module, optimizer=adamw, zero_optimization={"stage": stage})
     losses = _train(engine, 3)
     moved = [not torch.equal(a, b) for a, b in zip(before, engine.module.parameters())]
     return {"losses": losses, "frozen_layers": module.parts[1], "moved": moved}
@@ -525,6 +537,7 @@ SCENARIOS = {
     "detached_stage": detached_stage,
     "eval_runs_out": eval_data_runs_out,
     "frozen_first_stage": frozen_first_stage,
+    "frozen_client_object": lambda: frozen_first_stage(2, client_object=True),
     "tied_frozen": tied_frozen,
     "gradient_cut": gradient_cut,
     "failed_batch": failed_batch_then_more,
