@@ -203,7 +203,9 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         name = getattr(getattr(self.config, "data_types", None), "grad_accum_dtype", None)
         if name:
             return config_dtype(name)
-        return torch.float32 if any(p.dtype != torch.float32 for p in params) else params[0].dtype
+        if not params or any(p.dtype != torch.float32 for p in params):
+            return torch.float32  # (no parameters: a pipeline stage of parameter-free layers)
+        return params[0].dtype
 
     def _comm_dtype(self, accum: torch.dtype) -> torch.dtype | None:
         """communication_data_type's dtype where it differs from the accumulation dtype
