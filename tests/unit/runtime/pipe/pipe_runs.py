@@ -104,11 +104,15 @@ def reference(
     data: Any = None,
     warmup: int = 0,
     blocks: int = BLOCKS,
+    freeze: Any = None,
 ) -> dict[str, Any]:
     """data(step, dp_rank, gas) -> micro-batches (default: batches); warmup: WarmupLR steps
-    (the engine's scheduler, itself tested against its formula)."""
+    (the engine's scheduler, itself tested against its formula); freeze(model) freezes
+    what the run under test freezes."""
     data = data or batches
     model = Reference(tied, blocks=blocks)
+    if freeze is not None:
+        freeze(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     sched = None
     if warmup:

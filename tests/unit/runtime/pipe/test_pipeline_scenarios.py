@@ -261,21 +261,12 @@ def test_a_frozen_first_stage_trains_the_rest_as_the_reference(runs: list[dict])
     empty gradient message (nothing it got needs one), and the rest trains as a single
     process with the same layers frozen does."""
     n0 = runs[0]["frozen_first_stage"]["frozen_layers"]
-    model = pr.Reference(tied=False)
-    for layer in list(model.layers)[:n0]:
-        layer.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=pr.LR)
-    losses = []
-    for step in range(3):
-        total = 0.0
-        for ids, labels in pr.batches(step, 0, 2):
-            loss = pr.lm_loss(model(ids), labels)
-            (loss / 2).backward()
-            total += float(loss.detach()) / 2
-        torch.nn.utils.clip_grad_norm_(model.parameters(), pr.CLIP)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
+
+    def freeze(model: pr.Reference) -> None:
+        for layer in list(model.layers)[:n0]:
+            layer.requires_grad_(False)
+
+    losses = pr.reference(3, 2, 1, tied=False, freeze=freeze)["losses"]
     for name in ("frozen_first_stage", "frozen_client_object"):  # ZeRO 1 config, ZeRO 2 object
         for r in runs:
             close(r[name]["losses"], losses)
@@ -288,21 +279,7 @@ def test_tied_weights_frozen_alike_or_refused(runs: list[dict]) -> None:
         refused = r["tied_frozen"]["refused"]
         assert refused["error"] == "ValueError", refused
         assert "TiedLayerSpec key 'embed' are frozen" in refused["message"], refused
-    model = pr.Reference()
-    assert model.embed is not None
-    model.embed.requires_grad_(False)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=pr.LR)
-    losses = []
-    for step in range(3):
-        total = 0.0
-        for ids, labels in pr.batches(step, 0, 2):
-            loss = pr.lm_loss(model(ids), labels)
-            (loss / 2).backward()
-            total += float(loss.detach()) / 2
-        torch.nn.utils.clip_grad_norm_(model.parameters(), pr.CLIP)
-        opt.step()
-        opt.zero_grad()
-        losses.append(total)
+    losses = pr.reference(3, 2, 1, freeze=lambda m: m.embed.requires_grad_(False))["losses"]
     for r in runs:
         close(r["tied_frozen"]["losses"], losses)
 
