@@ -23,7 +23,8 @@ p = 4, F = 1 and B = 2 per half-stage); and ours dualpipev-zb (emulated: each ba
 split, its W right after the input gradients are sent; the model's 6 units)
 for m in {4, 8, 16} micro-batches per step. Every rank OMP_NUM_THREADS=1 (4 ranks share 2
 cores in the real workload: its absolute times say little, its ratios compare schedules and
-engines under the same contention). Contenders alternate over --rounds rounds; medians.
+engines under the same contention). Contenders alternate over --rounds rounds; each job's
+step time is its median step (of --steps), and a contender's the median over its rounds.
 
     python bench/pipeline_step.py            # full run -> bench/results/pipeline_step.json
     python bench/pipeline_step.py --smoke    # emulated m=4 (and DualPipeV m=8), one round,
@@ -91,7 +92,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-upstream", action="store_true")
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--job-timeout", type=float, default=300.0)
