@@ -550,9 +550,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
 
         return run
 
-    @staticmethod
-    def _key(cmd: Any) -> tuple[int, int]:
-        return int(cmd.kwargs.get("chunk", 0)), int(cmd.buffer_id)
+    _key = staticmethod(sch.chunk_and_buffer)
 
     def _exec_load_micro_batch(self, cmd: sch.LoadMicroBatch) -> None:
         c, b = self._key(cmd)
@@ -591,8 +589,9 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             if c in self._hand_on:
                 self._turn(c, b, out)
             return
+        received = self._inputs.get((c, b))
         if not torch.is_grad_enabled():  # eval keeps it past this slot's next receive
-            out = _unaliased(out, self._inputs.get((c, b)))
+            out = _unaliased(out, received)
         loss_fn: Any = getattr(self.module, "loss_fn", None)
         if self._compute_loss and loss_fn is not None:
             loss = loss_fn(out, self._labels.pop((c, b)))
@@ -609,8 +608,10 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             self.outputs = out
         self._outputs[(c, b)] = loss
         kept = loss.detach() if isinstance(loss, torch.Tensor) else loss
-        # read at the step, after this slot's next receive (a loss passed through is a view)
-        self._losses.append(_unaliased(kept, self._inputs.get((c, b))))
+        if torch.is_grad_enabled():  # (eval's `out` is a copy already, above)
+            # read at the step, after this slot's next receive: a loss passed through is a view
+            kept = _unaliased(kept, received)
+        self._losses.append(kept)
         hook: Any = getattr(self.module, "get_additional_losses", None)
         if hook is not None and torch.is_grad_enabled():  # a training batch
             self._extras.add(hook())
@@ -738,8 +739,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         """A stage whose output needs no gradient must train nothing, and get no input that
         needs one: else what trains at or before it never gets a gradient (or trains on
         zeros) while the loss says nothing is wrong."""
-        ins = _as_tuple(self._inputs.get((c, b)))
-        needed = any(isinstance(t, torch.Tensor) and t.requires_grad for t in ins)
+        needed = bool(self._grad_inputs(c, b))
         trains = self._chunk_trains(c)
         if not (trains or needed):
             return  # frozen layers over data (fine-tuning the rest): rightly no gradient

@@ -33,10 +33,6 @@ _ACT_READERS = (
 _GRAD_READERS = (sch.BackwardPass, sch.BackwardInputPass, sch.BackwardWeightPass)
 
 
-def _key(cmd: sch.PipeInstruction) -> tuple[int, int]:
-    return int(cmd.kwargs.get("chunk", 0)), int(cmd.kwargs["buffer_id"])
-
-
 def plan_recv_slots(plan: Iterable[list[sch.PipeInstruction]]) -> dict[int, int]:
     """id(receive instruction) -> its slot, for every RecvActivation and RecvGrad in `plan`
     (the instructions must stay alive while the map is used: ids are only unique then)."""
@@ -48,17 +44,19 @@ def plan_recv_slots(plan: Iterable[list[sch.PipeInstruction]]) -> dict[int, int]
         open_: dict[tuple[int, int], int] = {}  # key -> index of the receive it holds
         for i, cmd in enumerate(cmds):
             if isinstance(cmd, recv_kind):
-                open_[_key(cmd)] = i
+                open_[sch.chunk_and_buffer(cmd)] = i
                 ends[i] = i
-            elif isinstance(cmd, readers) and _key(cmd) in open_:
-                ends[open_[_key(cmd)]] = i
+            elif isinstance(cmd, readers):
+                at = open_.get(sch.chunk_and_buffer(cmd))
+                if at is not None:
+                    ends[at] = i
     slots: dict[int, int] = {}
     for recv_kind, _ in kinds:
         busy: dict[tuple[int, int], int] = {}  # (chunk, slot) -> end of its occupant
         for i, cmd in enumerate(cmds):
             if not isinstance(cmd, recv_kind):
                 continue
-            c = _key(cmd)[0]
+            c = sch.chunk_and_buffer(cmd)[0]
             s = 0
             while busy.get((c, s), -1) >= i:
                 s += 1

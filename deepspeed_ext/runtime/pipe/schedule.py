@@ -62,6 +62,11 @@ class BufferOpInstruction(PipeInstruction):
         self.buffer_id = buffer_id
 
 
+def chunk_and_buffer(cmd: PipeInstruction) -> tuple[int, int]:
+    """The (model chunk, buffer id) a buffer instruction names (chunk 0 without chunks)."""
+    return int(cmd.kwargs.get("chunk", 0)), int(cmd.kwargs["buffer_id"])
+
+
 class LoadMicroBatch(BufferOpInstruction):
     pass
 
