@@ -1,10 +1,13 @@
 """What a pipeline run refuses before any collective: config keys that disagree with the
-PipelineModule, an mpu beside the module's own grid (ZeRO stage 3 runs as stage 2:
-[Note: stage 3 under model parallelism])."""
+PipelineModule (but pipeline.activation_checkpoint_interval, which sets it), an mpu beside
+the module's own grid (ZeRO stage 3 runs as stage 2: [Note: stage 3 under model
+parallelism])."""
 
 from __future__ import annotations
 
 from typing import Any
+
+from deepspeed_ext.utils.logging import logger
 
 from .module import DEFAULT_CHECKPOINTS, PipelineModule
 
@@ -29,12 +32,12 @@ def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None
             f"pipeline.stages is {pipe.stages} but the PipelineModule has "
             f'{module.num_stages} stages: make them agree, or set pipeline.stages to "auto"'
         )
+    _checkpoint_interval(pipe, module)
     ours = {
         "partition": _partition_name(module.partition_method),
         "seed_layers": module.seed_layers,
-        "activation_checkpoint_interval": module.activation_checkpoint_interval,
     }
-    _use_reentrant(pipe.use_reentrant, module)
+    _use_reentrant(pipe.use_reentrant, module, config.activation_checkpointing)
     for key, value in ours.items():
         if key not in given:
             continue
@@ -49,15 +52,46 @@ def check_pipeline_config(config: Any, module: PipelineModule, mpu: Any) -> None
             )
 
 
-def _use_reentrant(reentrant: bool | None, module: PipelineModule) -> None:
+def _checkpoint_interval(pipe: Any, module: PipelineModule) -> None:
+    """pipeline.activation_checkpoint_interval above 0 sets the module's, as upstream's engine
+    does (a config from a guide turns checkpointing on without a code change); 0 given
+    against a module that checkpoints is refused rather than ignored as upstream does."""
+    if "activation_checkpoint_interval" not in pipe.model_fields_set:
+        return
+    want, built = int(pipe.activation_checkpoint_interval), module.activation_checkpoint_interval
+    if want == built:
+        return
+    if want == 0:
+        raise ValueError(
+            "pipeline.activation_checkpoint_interval is 0 but the PipelineModule was built "
+            f"with activation_checkpoint_interval={built}: drop the key to keep the module's, "
+            "or build the module with 0 to turn checkpointing off"
+        )
+    if built:
+        logger.info(
+            f"pipeline.activation_checkpoint_interval={want} replaces the PipelineModule's "
+            f"activation_checkpoint_interval={built}"
+        )
+    module.set_checkpoint_interval(want)
+
+
+def _use_reentrant(reentrant: bool | None, module: PipelineModule, checkpointing: Any) -> None:
     """pipeline.use_reentrant picks the module's default checkpoint function (None: the
-    non-reentrant one here; upstream's None means reentrant)."""
+    non-reentrant one here unless partition_activations is on; upstream's None means
+    reentrant)."""
     if reentrant is None:
         return
     if module.activation_checkpoint_func not in DEFAULT_CHECKPOINTS.values():
         raise ValueError(
             f"pipeline.use_reentrant is {reentrant} but the PipelineModule was built with its "
             "own activation_checkpoint_func, which decides; drop pipeline.use_reentrant"
+        )
+    if not reentrant and checkpointing.partition_activations:
+        raise ValueError(
+            "pipeline.use_reentrant is false but activation_checkpointing."
+            "partition_activations is true: a non-reentrant checkpoint keeps its saved inputs "
+            "whole, so they would not be partitioned; drop pipeline.use_reentrant (partitioned "
+            "checkpoints run reentrant) or set partition_activations false"
         )
     module.activation_checkpoint_func = DEFAULT_CHECKPOINTS[bool(reentrant)]
 

@@ -29,7 +29,7 @@ from ..engine import DeepSpeedEngine
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
 from .additional_losses import AdditionalLosses, Meta, meta_key
-from .batch_feed import BatchFeed
+from .batch_feed import Agreement, BatchFeed
 from .checks import check_pipeline_config, schedule_for
 from .errors import PipelineError
 from .module import PipelineModule
@@ -88,6 +88,18 @@ def _unaliased(out: Any, received: Any) -> Any:
     return own(out)
 
 
+# what a batch runs before its data agreement is waited for (_run)
+_BEFORE_AGREED = (sch.LoadMicroBatch, sch.ForwardPass)
+
+
+class _NotAgreed(Exception):
+    """Some stage's data failed: raised past _run's abort handling (nothing was sent)."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     _engines = 0  # engines built in this process: tags their p2p messages
     pipeline_parallelism = True
@@ -144,7 +156,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._ckpt_upstream = False  # ... and whether upstream's engine wrote it
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
         self._batch_t0 = 0.0  # when the running train_batch() started (TRAIN_BATCH_TIMER)
-        self.has_attention_mask = False  # upstream's flag: set_has_attention_mask
+        # upstream's flag (set_has_attention_mask), on by itself for Megatron's GPT2 pipe
+        self.has_attention_mask = type(model).__name__ == "GPT2ModelPipe"
         self._failed: str | None = None  # a batch that failed mid-schedule ([Note: pipeline p2p])
         self._reset_buffers()
 
@@ -289,12 +302,15 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
 
     def set_dataiterator(self, iterator: Iterator[Any]) -> None:
         if self._needs_data():
+            self.training_dataloader = None
             self.data_iterator = iterator
 
     def set_dataloader(self, loader: Any) -> None:
+        """One pass over `loader`, as upstream: train_batch raises StopIteration at its end
+        (an epoch loop's signal); wrap it in deepspeed.utils.RepeatingLoader to go on."""
         if self._needs_data():
             self.training_dataloader = loader
-            self.data_iterator = iter(RepeatingLoader(loader))
+            self.data_iterator = iter(loader)
 
     def set_has_attention_mask(self, value: bool) -> None:
         """Upstream's flag for a boolean attention mask passed between stages as the last
@@ -397,7 +413,17 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._extras.total = None
         self._batch_t0 = self.timers.now()
         self.total_loss = self.agg_train_loss = None
-        self._run(self._train_schedule())
+        # the batch's micro-batches are read before any stage sends, as eval_batch's: data
+        # running out (an epoch's end, set_dataloader's one pass) raises StopIteration on
+        # every rank, stages between included, and the engine goes on with new data (upstream
+        # raises on the data stages only, and the others wait for activations forever)
+        try:
+            agreed = self._feed.prefetch(self.micro_batches, self._comm_device, "train_batch")
+            if agreed.failed is not None:
+                agreed.wait()  # raises: this rank's data failed
+            self._run(self._train_schedule(), agreed)
+        finally:
+            self._feed.drop_prefetched()
         assert self.agg_train_loss is not None  # set by the schedule's OptimizerStep
         self.micro_steps += self.micro_batches
         self.global_samples += self.train_batch_size()
@@ -423,14 +449,15 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                 "or None for gradient_accumulation_steps"
             )
         saved = self.data_iterator
-        self.set_dataiterator(data_iter)
+        if self._needs_data():  # not set_dataiterator: the training loader stays set
+            self.data_iterator = data_iter
         self._feed.check(self.world_size, self._comm_device)
         self.module.eval()
         self._compute_loss = compute_loss
         self.eval_return_logits = return_logits
         m = num_micro_batches or self.micro_batches
         try:
-            self._feed.prefetch(m, self._comm_device)
+            self._feed.prefetch(m, self._comm_device, "eval_batch").wait()
             with torch.no_grad():
                 self._run(self._inference_schedule(m))
             out: Any = None
@@ -479,7 +506,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._losses: list[torch.Tensor] = []
         self._backwards_left = 0
 
-    def _run(self, sched: sch.PipeSchedule) -> None:
+    def _run(self, sched: sch.PipeSchedule, agreed: Agreement | None = None) -> None:
+        """Run a batch's instructions. With `agreed` (train_batch's data agreement), its
+        first micro-batch loads and forwards meanwhile; before anything else (a message, a
+        collective) the batch stops on every rank if some stage's data failed: nothing has
+        been sent then, so the engine goes on (the forward's dropout offset is put back)."""
         self._reset_buffers()
         trains = (sch.TrainSchedule, sch.InterleavedTrainSchedule, sch.DualPipeVSchedule)
         if isinstance(sched, trains) and not getattr(sched, "forward_only", False):
@@ -505,14 +536,26 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                 handlers[kind] = self._timed(handlers[kind], name)
         senders = [*self._act_out.values(), *self._grad_out.values()]
         plan = list(sched.steps())
-        self._expect_receives(plan)
         self._recv_slot = plan_recv_slots(plan)  # keyed by id(): `plan` outlives its use
+        if agreed is None:
+            self._expect_receives(plan)
+        offset = self.module.micro_offset
         try:
             for step in plan:
                 for cmd in step:
+                    if agreed is not None and not isinstance(cmd, _BEFORE_AGREED):
+                        try:
+                            agreed.wait()
+                        except BaseException as e:
+                            raise _NotAgreed(e) from e
+                        agreed = None
+                        self._expect_receives(plan)
                     handlers[type(cmd)](cmd)
             for ch in senders:
                 ch.wait_sends()
+        except _NotAgreed as stop:
+            self.module.micro_offset = offset
+            raise stop.error from None
         except BaseException as e:
             # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p]);
             # messages of this batch may stay in flight, so no later batch may run on them

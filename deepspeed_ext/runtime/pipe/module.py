@@ -30,10 +30,22 @@ from .spec import LayerSpec, TiedLayerSpec
 from .tied import TiedWeights
 
 
-def _reentrant_free_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+def _default_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     """The default activation_checkpoint_func: deepspeed.checkpointing's non-reentrant
     checkpoint, so the activation_checkpointing section (cpu_checkpointing, profile, the RNG
-    tracker) applies, and the zb-h1 schedule can split the recompute's backward."""
+    tracker) applies, and the zb-h1 schedule can split the recompute's backward. With
+    partition_activations on, the reentrant one (upstream's default): it keeps 1/tp of each
+    saved input where torch's non-reentrant checkpoint keeps them whole, which would leave
+    the key unheeded (zb-h1 then runs those backwards whole, and says so)."""
+    from ..activation_checkpointing import settings
+
+    if settings.current().partition_activations:
+        return _reentrant_checkpoint(function, *args)
+    return _reentrant_free_checkpoint(function, *args)
+
+
+def _reentrant_free_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
+    """pipeline.use_reentrant false: deepspeed.checkpointing's non-reentrant checkpoint."""
     from ..activation_checkpointing.function import non_reentrant_checkpoint
 
     return non_reentrant_checkpoint(function, *args)
@@ -47,7 +59,15 @@ def _reentrant_checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     return checkpoint(function, *args)
 
 
-DEFAULT_CHECKPOINTS = {False: _reentrant_free_checkpoint, True: _reentrant_checkpoint}
+# models checkpointed by layer class name alone (_is_checkpointable), as upstream does
+_MEGATRON_PIPES = ("GPTModelPipe", "GPT2ModelPipe")
+
+# pipeline.use_reentrant's value -> the module's activation_checkpoint_func
+DEFAULT_CHECKPOINTS = {
+    None: _default_checkpoint,
+    False: _reentrant_free_checkpoint,
+    True: _reentrant_checkpoint,
+}
 
 
 def _seed_everything(seed: int) -> None:
@@ -71,7 +91,7 @@ class PipelineModule(torch.nn.Module):
         base_seed: int = 1234,
         partition_method: Any = "parameters",
         activation_checkpoint_interval: int = 0,
-        activation_checkpoint_func: Callable[..., Any] = _reentrant_free_checkpoint,
+        activation_checkpoint_func: Callable[..., Any] = _default_checkpoint,
         checkpointable_layers: list[str] | None = None,
         dynamic_shape: bool = False,
         virtual_stages: int = 1,
@@ -257,11 +277,25 @@ class PipelineModule(torch.nn.Module):
         return run
 
     def _is_checkpointable(self, funcs: list[Any]) -> bool:
+        extra = self.checkpointable_layers or []
+        if type(self).__name__ in _MEGATRON_PIPES and not self._checkpoints_non_reentrant():
+            # Megatron-DeepSpeed's GPT pipes, as upstream treats them: transformer layers
+            # (and checkpointable_layers), never the embedding, mask helpers or the head
+            return all(
+                "ParallelTransformerLayerPipe" in type(f).__name__ or type(f).__name__ in extra
+                for f in funcs
+            )
         if self.checkpointable_layers is not None:
             return all(type(f).__name__ in self.checkpointable_layers for f in funcs)
         return any(
             isinstance(f, torch.nn.Module) and any(True for _ in f.parameters()) for f in funcs
         )
+
+    def _checkpoints_non_reentrant(self) -> bool:
+        from ..activation_checkpointing.function import non_reentrant_checkpoint
+
+        func = self.activation_checkpoint_func
+        return func in (_reentrant_free_checkpoint, non_reentrant_checkpoint)
 
     # -- upstream's queries --
     def topology(self) -> ProcessTopology:

@@ -3,7 +3,8 @@ pipeline tests' tiny GPT exactly as one process does on the same global batches 
 clipping at the whole model's norm, the embedding tied to the head across stages), with
 activations and gradients partitioned over the tensor ranks between stages (upstream's
 pipe_partitioned / grad_partitioned, on by default; [Note: partitioned p2p]). On 4 ranks,
-turning those keys off trains alike and sends twice the bytes between stages."""
+turning those keys off trains alike and sends twice the bytes between stages, and
+checkpointed layers keep 1/tp of their saved inputs (partition_activations) and train alike."""
 
 from __future__ import annotations
 
@@ -54,6 +55,14 @@ def test_partitioned_pipe_keys_halve_the_bytes_between_stages() -> None:
         # every rank sends (stage 0 activations, stage 1 gradients); the negotiation
         # messages and the 16-byte headers are not halved
         assert 0.45 < split / whole < 0.6, (split, whole)
+    # checkpointed layers keeping half of each saved input train as without checkpoints
+    for r in out:
+        ckpt = r["partitioned_ckpt"]
+        assert ckpt["interval"] == 1  # set by the config's pipeline key
+        assert ckpt["parts"] > 0, ckpt  # saved inputs were split over the tensor ranks
+        torch.testing.assert_close(
+            torch.tensor(ckpt["losses"]), torch.tensor(r["split"]["losses"]), rtol=1e-6, atol=0
+        )
     # DualPipeV's V over the same sliced stages, its p2p partitioned too
     ref = pr.reference(2, 4, 1)["losses"]
     for r in out:

@@ -334,7 +334,12 @@ def fp32_export_logits(save_dir: str) -> float:
 
 
 def _pipeline_3d_engine(
-    gas: int, zero: int, dp: int, pipeline: dict | None = None, v: bool = False
+    gas: int,
+    zero: int,
+    dp: int,
+    pipeline: dict | None = None,
+    v: bool = False,
+    checkpointing: dict | None = None,
 ) -> Any:
     """TP 2 x PP 2 x DP `dp` on the pipeline tests' tiny GPT (tied embedding and head), its
     blocks' up / down layers sliced by partition_config rules (`v`: as a DualPipeVModule)."""
@@ -368,6 +373,8 @@ def _pipeline_3d_engine(
     }
     if pipeline is not None:
         cfg["pipeline"] = pipeline
+    if checkpointing is not None:
+        cfg["activation_checkpointing"] = checkpointing
     engine, *_ = initialize(
         model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=pr.LR)
     )
@@ -445,7 +452,8 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
 def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
     """TP 2 x PP 2 on 4 ranks, trained with pipeline.pipe_partitioned / grad_partitioned on
     (the default) and off: each run's losses and the bytes its point-to-point sends put on
-    the link between stages; then DualPipeV's (partitioned, 4 micro-batches) losses."""
+    the link between stages; then with every layer checkpointed and partition_activations
+    on; then DualPipeV's (partitioned, 4 micro-batches) losses."""
     from deepspeed_ext import comm
 
     out: dict[str, Any] = {}
@@ -458,6 +466,36 @@ def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
         out[name] = {"losses": losses, "isend_bytes": comm.comms_logger.total_bytes("isend")}
         comm.comms_logger.configure(enabled=False)
         engine.destroy()
+    # checkpointing every layer turned on by the config's pipeline key (the module was
+    # built without it), with partition_activations: the default checkpoint function keeps
+    # 1/tp of each saved input (torch's non-reentrant one would keep them whole)
+    from deepspeed_ext.runtime.activation_checkpointing import partition
+
+    engine = _pipeline_3d_engine(
+        gas,
+        0,
+        dp=1,
+        pipeline={"activation_checkpoint_interval": 1},
+        checkpointing={"partition_activations": True},
+    )
+    split, parts = partition.split, []
+
+    def counted(t: torch.Tensor, axis: Any) -> Any:
+        got = split(t, axis)
+        parts.append(isinstance(got, partition.Part))
+        return got
+
+    partition.split = counted  # type: ignore[assignment]
+    try:
+        losses = _train_3d(engine, steps, gas)
+    finally:
+        partition.split = split  # type: ignore[assignment]
+    out["partitioned_ckpt"] = {
+        "losses": losses,
+        "interval": engine.module.activation_checkpoint_interval,
+        "parts": sum(parts),
+    }
+    engine.destroy()
     engine = _pipeline_3d_engine(4, 0, dp=1, v=True)
     out["dualpipev"] = {
         "losses": _train_3d(engine, steps, 4),

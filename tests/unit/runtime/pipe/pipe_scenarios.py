@@ -361,7 +361,8 @@ def missing_iterator() -> dict[str, Any]:
 
 
 def iterator_lost_later() -> dict[str, Any]:
-    """After the first batch the check is local: the stage raises, its neighbour aborts."""
+    """After the first batch the stage finds it has no iterator as it reads its
+    micro-batches; the ranks agree on that before any p2p, so its neighbour fails too."""
     engine = _engine(_module())
     _train(engine, 1)
     it = iter(pr.batches(1, 0, 2)) if engine.is_first_stage() else None
@@ -394,18 +395,48 @@ def eval_data_runs_out() -> dict[str, Any]:
 
 
 def failed_batch_then_more() -> dict[str, Any]:
-    """A train iterator that runs out mid-batch (1 micro-batch for 2): the batch fails on
-    both stages; the engine then refuses further batches (that batch's messages may still
-    be in flight) instead of reading them as the next batch's, on every stage."""
+    """A batch that fails mid-schedule (the last stage's loss rejects micro-batch 1's
+    labels): the batch fails on both stages; the engine then refuses further batches (that
+    batch's messages may still be in flight) instead of reading them as the next batch's,
+    on every stage."""
     engine = _engine(_module())
     _train(engine, 1)
-    short = pr.batches(5, 0, 1)
-    first = _expect_failure(
-        lambda: engine.train_batch(iter(short) if engine._needs_data() else None)
-    )
+    good, (ids, labels) = pr.batches(5, 0, 2)
+    bad = [good, (ids, labels[:, :-1])]  # a label short: cross-entropy's shapes disagree
+    first = _expect_failure(lambda: engine.train_batch(iter(bad) if engine._needs_data() else None))
     then = _expect_failure(lambda: _train(engine, 1))
-    again = _expect_failure(lambda: engine.eval_batch(iter(short), num_micro_batches=1))
+    again = _expect_failure(lambda: engine.eval_batch(iter(bad[:1]), num_micro_batches=1))
     return {"first": first, "then": then, "again": again}
+
+
+def train_data_runs_out() -> dict[str, Any]:
+    """Training data running out (1 micro-batch for 2 on the first stage, then on the last,
+    then set_dataloader's one pass of 4 micro-batches): StopIteration on every stage before
+    any p2p, and training goes on with new data exactly as an engine that never ran out."""
+    engine, plain = _engine(_module()), _engine(_module())
+    _train(engine, 1)
+    # the first stage runs out, the last stage has both micro-batches (and drops them)
+    gas = 1 if engine.is_first_stage() else 2
+    short = _expect_failure(
+        lambda: engine.train_batch(iter(pr.batches(7, 0, gas)) if engine._needs_data() else None)
+    )
+    # the last stage runs out: the first has forwarded its first micro-batch meanwhile
+    gas = 2 if engine.is_first_stage() else 1
+    short_last = _expect_failure(
+        lambda: engine.train_batch(iter(pr.batches(7, 0, gas)) if engine._needs_data() else None)
+    )
+    after = float(engine.train_batch(iter(pr.batches(1, 0, 2)) if engine._needs_data() else None))
+    engine.set_dataloader(pr.batches(2, 0, 2) + pr.batches(3, 0, 2))
+    passed = [float(engine.train_batch()) for _ in range(2)]
+    end = _expect_failure(engine.train_batch)
+    got = [after, *passed]
+    return {
+        "short": short,
+        "short_last": short_last,
+        "end": end,
+        "got": got,
+        "plain": _train(plain, 4)[1:],
+    }
 
 
 def tied_groups() -> dict[str, Any]:
@@ -536,6 +567,7 @@ SCENARIOS = {
     "missing_loss_fn": missing_loss_fn,
     "detached_stage": detached_stage,
     "eval_runs_out": eval_data_runs_out,
+    "train_runs_out": train_data_runs_out,
     "frozen_first_stage": frozen_first_stage,
     "frozen_client_object": lambda: frozen_first_stage(2, client_object=True),
     "tied_frozen": tied_frozen,

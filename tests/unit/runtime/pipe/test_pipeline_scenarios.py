@@ -223,7 +223,8 @@ def test_missing_data_iterator_fails_everywhere_before_any_p2p(runs: list[dict])
 def test_iterator_missing_later_fails_on_both_stages(runs: list[dict]) -> None:
     last, first = runs[1]["iterator_lost_later"], runs[0]["iterator_lost_later"]
     assert last["error"] == "PipelineError" and "no data iterator" in last["message"]
-    assert first["error"] == "PipeAborted"
+    assert first["error"] == "PipelineError", first
+    assert "another rank's stage failed to read its micro-batches" in first["message"]
 
 
 def test_missing_loss_fn(runs: list[dict]) -> None:
@@ -246,10 +247,22 @@ def test_eval_data_running_out_stops_every_stage_and_training_goes_on(runs: list
         assert got["after"] == got["plain"], got
 
 
+def test_training_data_running_out_stops_every_stage_and_training_goes_on(
+    runs: list[dict],
+) -> None:
+    for r in runs:
+        got = r["train_runs_out"]
+        for when in ("short", "short_last", "end"):  # mid-iterator, set_dataloader's end
+            assert got[when]["error"] == "StopIteration", got[when]
+        assert got["got"] == got["plain"], got
+    assert "ran out on another rank's stage" in runs[1]["train_runs_out"]["short"]["message"]
+    assert "ran out on another rank's stage" in runs[0]["train_runs_out"]["short_last"]["message"]
+
+
 def test_an_engine_whose_batch_failed_refuses_the_next(runs: list[dict]) -> None:
     for r in runs:
         got = r["failed_batch"]
-        assert got["first"]["error"] in ("StopIteration", "PipeAborted"), got["first"]
+        assert got["first"]["error"] in ("ValueError", "RuntimeError", "PipeAborted"), got
         assert got["then"]["error"] == "PipelineError", got["then"]
         assert "an earlier batch failed" in got["then"]["message"], got["then"]
         assert got["first"]["error"] in got["then"]["message"], got

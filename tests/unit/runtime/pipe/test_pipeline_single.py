@@ -21,12 +21,20 @@ REFUSED = {
     ),
     "stages": ({"pipeline": {"stages": 2}}, "pipeline.stages is 2"),
     "partition": ({"pipeline": {"partition": "uniform"}}, "pipeline.partition is 'uniform'"),
-    "interval": ({"pipeline": {"activation_checkpoint_interval": 2}}, "activation_checkpoint"),
+    "interval_off": (
+        {"pipeline": {"activation_checkpoint_interval": 0}},
+        "activation_checkpoint_interval is 0 but the PipelineModule was built with "
+        "activation_checkpoint_interval=1",
+    ),
     "seed": ({"pipeline": {"seed_layers": False}}, "pipeline.seed_layers"),
     "schedule": ({"pipeline": {"schedule": "interleaved"}}, "virtual_stages=2"),
     "schedule_name": ({"pipeline": {"schedule": "zb-h2"}}, "zb-h1"),
     "dualpipev_on_plain": ({"pipeline": {"schedule": "dualpipev-zb"}}, "DualPipeVModule"),
 }
+
+
+# the module a REFUSED case builds, where not the default one
+MODULE_ARGS = {"interval_off": {"activation_checkpoint_interval": 1}}
 
 
 def _module(cls: Any = None, **kw: Any) -> Any:
@@ -162,11 +170,14 @@ def checks(root: str) -> dict[str, Any]:
     bare, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
     out["no_iterator"] = error_text(bare.train_batch)
     for name, (extra, _) in REFUSED.items():
+        kw = MODULE_ARGS.get(name, {})
         out[name] = error_text(
-            lambda extra=extra: initialize(
-                model=_module(), config=_config(**extra), optimizer=_adamw
+            lambda extra=extra, kw=kw: initialize(
+                model=_module(**kw), config=_config(**extra), optimizer=_adamw
             )
         )
+    out["interval_from_config"] = _interval_from_config()
+    out["megatron_pipes"] = _megatron_pipes()
     agree = _config(pipeline={"stages": 1, "partition": "best", "seed_layers": True})
     out["agree"] = error_text(lambda: initialize(model=_module(), config=agree, optimizer=_adamw))
     key = _config(pipeline_parallelism={"num_stages": 1})
@@ -189,6 +200,66 @@ def checks(root: str) -> dict[str, Any]:
         engine, *_ = initialize(model=odd, config=_config(), optimizer=_adamw)
         out[name] = error_text(lambda engine=engine: engine.train_batch(iter(pr.batches(0, 0, 2))))
     return out
+
+
+def _interval_from_config() -> dict[str, Any]:
+    """pipeline.activation_checkpoint_interval sets a module built without one (as upstream):
+    the checkpoint function then runs, and training matches the reference."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    config = _config(pipeline={"activation_checkpoint_interval": 1})
+    engine, *_ = initialize(model=_module(), config=config, optimizer=_adamw)
+    module, calls = engine.module, []
+    inner = module.activation_checkpoint_func
+
+    def counted(function: Any, *args: Any) -> Any:
+        calls.append(1)
+        return inner(function, *args)
+
+    module.activation_checkpoint_func = counted
+    losses = [float(engine.train_batch(iter(pr.batches(s, 0, 2)))) for s in range(2)]
+    interval = module.activation_checkpoint_interval
+    return {"interval": interval, "calls": len(calls), "losses": losses}
+
+
+def _megatron_pipes() -> dict[str, Any]:
+    """Megatron-DeepSpeed's GPTModelPipe / GPT2ModelPipe (by class name, as upstream):
+    only their ParallelTransformerLayerPipe layers are checkpointed, unless the function is
+    the non-reentrant one; GPT2ModelPipe turns has_attention_mask on."""
+    from deepspeed_ext.runtime.activation_checkpointing import non_reentrant_checkpoint
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import LayerSpec, PipelineModule
+
+    class ParallelTransformerLayerPipe(pr.Block):
+        pass
+
+    class GPTModelPipe(PipelineModule):
+        pass
+
+    class GPT2ModelPipe(PipelineModule):
+        pass
+
+    layers = [
+        LayerSpec(ParallelTransformerLayerPipe, pr.DIM) if s.typename is pr.Block else s
+        for s in pr.specs()
+    ]
+
+    def which(cls: Any, **kw: Any) -> list[bool]:
+        m = cls(layers, num_stages=1, loss_fn=pr.lm_loss, activation_checkpoint_interval=1, **kw)
+        return [m._is_checkpointable([f]) for f in m.forward_funcs]
+
+    gpt2 = GPT2ModelPipe(layers, num_stages=1, loss_fn=pr.lm_loss, activation_checkpoint_interval=1)
+    engine, *_ = initialize(model=gpt2, config=_config(), optimizer=_adamw)
+    return {
+        "gpt": which(GPTModelPipe),
+        "gpt2": which(GPT2ModelPipe),
+        "plain": which(PipelineModule),
+        "gpt_non_reentrant": which(
+            GPTModelPipe, activation_checkpoint_func=non_reentrant_checkpoint
+        ),
+        "gpt2_mask": engine.has_attention_mask,
+        "gpt2_trains": float(engine.train_batch(iter(pr.batches(0, 0, 2)))),
+    }
 
 
 def _seeded_dropout() -> list[bool]:
@@ -251,6 +322,39 @@ def test_micro_batch_api_is_refused(res: dict[str, Any]) -> None:
 def test_config_disagreeing_with_the_module_is_refused(res: dict[str, Any], name: str) -> None:
     assert res[name].split(":")[0] in ("ValueError", "ConfigError"), res[name]
     assert REFUSED[name][1] in res[name], res[name]
+
+
+def test_config_interval_turns_checkpointing_on(res: dict[str, Any]) -> None:
+    got = res["interval_from_config"]
+    assert got["interval"] == 1 and got["calls"] > 0, got
+    torch.testing.assert_close(
+        torch.tensor(got["losses"]), torch.tensor(pr.reference(2, 2, 1)["losses"])
+    )
+
+
+def test_megatron_gpt_pipes_checkpoint_their_transformer_layers_only(res: dict) -> None:
+    got = res["megatron_pipes"]
+    blocks = [False] + [True] * pr.BLOCKS + [False, False]  # embedding, blocks, norm, head
+    assert got["gpt"] == got["gpt2"] == blocks, got
+    # the plain rule: layers holding parameters (the tied head is its forward_fn, a function)
+    assert got["plain"] == got["gpt_non_reentrant"] == [True] * (pr.BLOCKS + 2) + [False], got
+    assert got["gpt2_mask"] is True
+    assert torch.isfinite(torch.tensor(got["gpt2_trains"]))
+
+
+def test_use_reentrant_false_with_partitioned_activations_is_refused() -> None:
+    from types import SimpleNamespace
+
+    from deepspeed_ext.runtime.pipe import checks
+    from deepspeed_ext.runtime.pipe.module import DEFAULT_CHECKPOINTS
+
+    module: Any = SimpleNamespace(activation_checkpoint_func=DEFAULT_CHECKPOINTS[None])
+    with pytest.raises(ValueError, match="use_reentrant is false but activation_checkpointing"):
+        checks._use_reentrant(False, module, SimpleNamespace(partition_activations=True))
+    checks._use_reentrant(False, module, SimpleNamespace(partition_activations=False))
+    assert module.activation_checkpoint_func is DEFAULT_CHECKPOINTS[False]
+    checks._use_reentrant(True, module, SimpleNamespace(partition_activations=True))
+    assert module.activation_checkpoint_func is DEFAULT_CHECKPOINTS[True]
 
 
 def test_dualpipev_module_refuses_one_stage_and_other_chunk_counts(res: dict[str, Any]) -> None:
