@@ -363,6 +363,25 @@ class PipelineModule(torch.nn.Module):
         grads on the params; the engine sums them where its strategy keeps them)."""
         self.tied.allreduce_param_grads()
 
+    @property
+    def tied_comms(self) -> dict[str, dict[str, Any]]:
+        """Upstream's index of this stage's tied keys (code that counts tied weights once
+        reads it): the global ranks holding each, by stage, their process group (None for a
+        key on this stage alone), the weight attributes and the tied module."""
+        return {
+            key: {
+                "ranks": list(group.ranks),
+                "group": group.group,
+                "weight_attr": list(self.tied_weight_attrs[key]),
+                "module": self.tied_modules[key],
+            }
+            for key, _, group in self.tied.entries()
+        }
+
+    def _synchronize_tied_weights(self) -> None:
+        """Upstream's: each tied weight broadcast from the first stage holding it."""
+        self.tied.synchronize()
+
     def get_tied_weights_and_groups(self) -> list[tuple[torch.nn.Parameter, Any]]:
         """Upstream's: each tied weight and the torch process group of the stages holding
         it, for code that sums their gradients itself. A key that one stage holds alone has

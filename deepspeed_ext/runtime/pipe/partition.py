@@ -28,6 +28,8 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     which hold fewer micro-batches' activations under 1F1B. So "parameters" and "type:"
     partitions can differ from upstream's (uniform ones do not)."""
     n = len(weights)
+    if n <= num_parts:  # one item each, then empty parts (as upstream's)
+        return partition_uniform(n, num_parts)
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + float(w))

@@ -56,6 +56,11 @@ class TiedWeights:
             for p in params:
                 p.ds_pipe_replicated = stage != stages[0]
             self._entries.append((key, params, mine))
+        self.synchronize()
+
+    def synchronize(self) -> None:
+        """Every stage's copy of a tied weight set to the first holding stage's (as built,
+        and after weights were loaded by hand: upstream's _synchronize_tied_weights)."""
         with torch.no_grad():
             for _, params, group in self._entries:
                 for p in params:

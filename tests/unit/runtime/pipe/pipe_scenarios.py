@@ -441,7 +441,8 @@ def train_data_runs_out() -> dict[str, Any]:
 
 def tied_groups() -> dict[str, Any]:
     """get_tied_weights_and_groups(): the embedding tied across both stages, with a torch
-    process group of the two that a gradient can be summed over."""
+    process group of the two that a gradient can be summed over; upstream's tied_comms and
+    _synchronize_tied_weights."""
     import torch.distributed as dist
 
     engine = _engine(_module())
@@ -450,7 +451,18 @@ def tied_groups() -> dict[str, Any]:
         t = torch.ones(1)
         dist.all_reduce(t, group=group)
         out.append((list(p.shape), dist.get_world_size(group), float(t)))
-    return {"tied": out}
+    # upstream's tied_comms index, and _synchronize_tied_weights after a hand-made change
+    comms = {
+        k: (d["ranks"], d["weight_attr"], d["module"] is engine.module.tied_modules[k])
+        for k, d in engine.module.tied_comms.items()
+    }
+    weight = engine.module.tied_modules["embed"].weight
+    with torch.no_grad():
+        weight.add_(float(engine.stage_id))  # stage 1's copy drifts
+        engine.module._synchronize_tied_weights()
+        ref = weight.detach().clone()
+        dist.all_reduce(ref, group=engine.module.tied_comms["embed"]["group"])
+    return {"tied": out, "comms": comms, "synced": torch.equal(ref, 2 * weight.detach())}
 
 
 def stage_p2p() -> dict[str, Any]:

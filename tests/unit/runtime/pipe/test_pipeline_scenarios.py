@@ -48,6 +48,8 @@ def test_eval_batch_matches_the_trained_reference(runs: list[dict]) -> None:
 def test_tied_weights_come_with_a_torch_group_of_their_stages(runs: list[dict]) -> None:
     for r in runs:
         assert r["tied_groups"]["tied"] == [([pr.VOCAB, pr.DIM], 2, 2.0)]
+        assert r["tied_groups"]["comms"] == {"embed": ([0, 1], ["weight"], True)}
+        assert r["tied_groups"]["synced"]  # both stages hold stage 0's copy again
 
 
 def test_upstreams_stage_p2p_calls(runs: list[dict]) -> None:
