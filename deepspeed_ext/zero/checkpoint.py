@@ -25,6 +25,7 @@ def rank_state(s: ZeroStrategy, optimizer: Any) -> dict[str, Any]:
         "zero_stage": s.stage,
         "partition_count": s.world,
         "zero_layouts": s.layouts(),
+        "zero_opt_place": [list(x) for x in s.opt_place],  # each layout's optimizer group
         "ds_version": __version__,
     }
     if s.exchange is not None:  # gradient_compression's error buffers: this rank's own

@@ -64,12 +64,17 @@ def from_zero(files: RankFiles) -> NamedState:
     parts = [files.read(r) for r in range(int(first["partition_count"]))]
     layouts = [GroupLayout.from_dict(d) for d in first["zero_layouts"]]
     saved = [p["optimizer_state_dict"] for p in parts]
+    # where each layout's chunks sit in the optimizer: (param group, offset); a client
+    # optimizer's group can hold several layouts' (older files: one group each)
+    place = first.get("zero_opt_place") or [(g, 0) for g in range(len(layouts))]
     out = NamedState()
     for g, lay in enumerate(layouts):
         per_rank = [split_partition(lay, p["fp32_partitions"][g]) for p in parts]
         out.masters.update(full_by_name(lay, per_rank))
-        ids = [sd["param_groups"][g]["params"] for sd in saved]
-        opts = {k: v for k, v in saved[0]["param_groups"][g].items() if k != "params"}
+        i, at = place[g]
+        n = len(lay.buckets)
+        ids = [sd["param_groups"][i]["params"][at : at + n] for sd in saved]
+        opts = {k: v for k, v in saved[0]["param_groups"][i].items() if k != "params"}
         chunk = lay.buckets[0].chunk(lay.world_size)
         template = saved[0]["state"].get(ids[0][0], {})
         for key, value in template.items():

@@ -38,6 +38,9 @@ class ZeroStrategy:
         optimizer_device = ctx.optimizer_device
         names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.groups: list[ShardedGroup] = []
+        # where each of self.groups' masters sit in the optimizer: (param group, offset in
+        # its params); a client optimizer's groups can hold several (repoint)
+        self.opt_place: list[tuple[int, int]] = []
         self.group_options: list[dict[str, Any]] = []
         for g in ctx.model_groups:
             trainable = [p for p in g["params"] if p.requires_grad]
@@ -49,6 +52,7 @@ class ZeroStrategy:
             )
             self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
             self.group_options.append({k: v for k, v in g.items() if k != "params"})
+        self.opt_place = [(g, 0) for g in range(len(self.groups))]
         reduce_opts = reduce_options(ctx.zero, ctx.hierarchy)
         self.reducer = ShardedReducer(
             self.groups,
@@ -79,20 +83,30 @@ class ZeroStrategy:
         ]
 
     def repoint(self, optimizer: torch.optim.Optimizer) -> None:
-        """A client optimizer built on the model params: one flat master per group instead
-        (a group of frozen params only, as a frozen pipeline stage's, left empty)."""
-        trains = [og for og in optimizer.param_groups if any(p.requires_grad for p in og["params"])]
-        if len(trains) != len(self.groups):
-            raise ValueError(
-                "with ZeRO, the optimizer's param groups must be the model's groups: "
-                f"{len(trains)} groups with trainable params but {len(self.groups)} given to "
-                "the engine; build the optimizer on the params given to deepspeed.initialize "
-                "(model_parameters=, or the model's)"
-            )
+        """A client optimizer built on the model params: each of its groups holds the
+        masters of the strategy groups made from it instead (a group of frozen params
+        only, as a frozen pipeline stage's, left empty). Its groups stay as they are, in
+        number and order, so a scheduler built on it before initialize still fits; a group
+        split in two (weights tied across pipeline stages get a ZeRO group of their own)
+        holds both groups' masters."""
+        owner = {id(p): i for i, og in enumerate(optimizer.param_groups) for p in og["params"]}
+        sources: list[int] = []
+        for grp in self.groups:
+            found = {owner.get(id(p), -1) for p in grp.params}
+            if len(found) != 1 or -1 in found:
+                raise ValueError(
+                    "with ZeRO, the optimizer's param groups must be the model's groups: "
+                    "build the optimizer on the params given to deepspeed.initialize "
+                    "(model_parameters=, or the model's)"
+                )
+            sources.append(found.pop())
         for og in optimizer.param_groups:
             og["params"] = []
-        for og, grp in zip(trains, self.groups):
-            og["params"] = list(grp.masters)
+        self.opt_place = []
+        for grp, i in zip(self.groups, sources):
+            params = optimizer.param_groups[i]["params"]
+            self.opt_place.append((i, len(params)))
+            params.extend(grp.masters)
 
     # -- backward --
     def begin_backward(self, boundary: bool) -> None:
@@ -253,14 +267,15 @@ class ZeroStrategy:
             return
         current = optimizer.state_dict()
         state: dict[int, dict[str, Any]] = {}
-        groups, masters = [], []
+        groups, masters = list(current["param_groups"]), []  # the groups of nothing stay
         for g, grp in enumerate(self.groups):
             lay = grp.layout
             names = [s.name for s in lay.slots]
             missing_names(named, names, where)
             own = chunks_for(lay, self.rank, {n: named.masters[n] for n in names})
             masters.append(torch.cat(own))
-            ids = current["param_groups"][g]["params"]  # one per bucket chunk
+            i, at = self.opt_place[g]
+            ids = current["param_groups"][i]["params"][at : at + len(grp.masters)]
             numel = named.masters[names[0]].numel()
             for key, value in named.state[names[0]].items():
                 if is_per_element(key, value, numel):
@@ -270,7 +285,7 @@ class ZeroStrategy:
                 else:
                     for pid in ids:
                         state.setdefault(pid, {})[key] = value
-            groups.append({**named.options[names[0]], "params": ids})
+            groups[i] = {**named.options[names[0]], "params": current["param_groups"][i]["params"]}
         optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.load_master_partitions(masters)
 

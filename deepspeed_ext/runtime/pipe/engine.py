@@ -246,14 +246,18 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         tied = self._tied.entries()
         if not tied or self.zero_optimization_stage() == 0:  # stage 0 reduces per param
             return groups
-        if isinstance(client, torch.optim.Optimizer) and self._tied.shared():
-            raise ValueError(
-                "a torch.optim.Optimizer object with ZeRO and weights tied across pipeline "
-                "stages: ZeRO needs the tied weights in a param group of their own; pass the "
-                "optimizer as a callable (optimizer=lambda groups: AdamW(groups, ...)) or in "
-                "the config's optimizer section"
-            )
         key_of = {id(p): k for k, ps, _ in tied for p in ps}
+        # a client optimizer object's group split in two holds both parts' masters
+        # (ZeroStrategy.repoint); a key spread over several of its groups cannot be one
+        for key, _, _ in tied:
+            spread = [g for g in groups if any(key_of.get(id(p)) == key for p in g["params"])]
+            if len(spread) > 1:
+                raise ValueError(
+                    f"the weights tied under TiedLayerSpec key {key!r} are in {len(spread)} "
+                    "of the optimizer's param groups: ZeRO keeps a tied key in one group of "
+                    "its own; put them in one param group (the same options), or pass the "
+                    "optimizer as a callable (optimizer=lambda groups: AdamW(groups, ...))"
+                )
         out: list[dict[str, Any]] = []
         extra: dict[str, dict[str, Any]] = {}
         for g in groups:

@@ -206,8 +206,59 @@ def frozen_stage(root: str) -> dict[str, Any]:
     }
 
 
+def _client_engine(stages: int, frozen_matrices: bool = False) -> Any:
+    """ZeRO 1 with a torch optimizer object of two param groups (weight decay on the
+    matrices, the tied embedding among them) and a torch scheduler built on it; with
+    `frozen_matrices`, its first group holds frozen params only."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    module = PipelineModule(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
+    if frozen_matrices:
+        _freeze_matrices(module)
+    opt, sched = pr.decay_groups(module)
+    cfg = {
+        "train_micro_batch_size_per_gpu": pr.MICRO,
+        "gradient_accumulation_steps": GAS * stages // 2,  # the global batch of _step
+        "zero_optimization": {"stage": 1},
+    }
+    engine, *_ = initialize(model=module, config=cfg, optimizer=opt, lr_scheduler=sched)
+    return engine
+
+
+def _freeze_matrices(module: torch.nn.Module) -> None:
+    for p in module.parameters():
+        if p.ndim >= 2:
+            p.requires_grad_(False)
+
+
+def client_groups(root: str) -> dict[str, Any]:
+    """A client optimizer's groups, one holding the tied embedding's ZeRO group beside its
+    own: resumed at the same layout and at 4 stages x 1 (state re-cut by name, found where
+    each ZeRO group's chunks sit in the optimizer's groups); then the same with its first
+    group frozen (kept empty: the second holds the only ZeRO group)."""
+    out: dict[str, Any] = {}
+    for frozen in (False, True):
+        where = Path(root) / f"client_groups{int(frozen)}"
+        first = _client_engine(2, frozen)
+        losses = [_step(first, s) for s in range(2)]
+        first.save_checkpoint(where)
+        cont = [_step(first, s) for s in range(2, 4)]
+        same = _client_engine(2, frozen)
+        same.load_checkpoint(where)
+        other = _client_engine(4, frozen)
+        other.load_checkpoint(where)
+        out["frozen" if frozen else "trained"] = {
+            "losses": losses,
+            "continued": cont,
+            "same_layout": [_step(same, s) for s in range(2, 4)],
+            "four_stages": [_step(other, s) for s in range(2, 4)],
+        }
+    return out
+
+
 def all_cases(root: str, cases: list[tuple[int, str]]) -> list[dict[str, Any]]:
-    """Each case's resume, the frozen-stage run, the DualPipeV run, then (last) the
-    parallel-write run."""
+    """Each case's resume, the frozen-stage run, the client-optimizer run, the DualPipeV
+    run, then (last) the parallel-write run."""
     resumes = [resume(root, z, d) for z, d in cases]
-    return [*resumes, frozen_stage(root), dualpipev(root), parallel_write(root)]
+    runs = [frozen_stage(root), client_groups(root), dualpipev(root), parallel_write(root)]
+    return [*resumes, *runs]

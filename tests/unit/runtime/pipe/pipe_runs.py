@@ -105,16 +105,20 @@ def reference(
     warmup: int = 0,
     blocks: int = BLOCKS,
     freeze: Any = None,
+    optimizer: Any = None,
 ) -> dict[str, Any]:
     """data(step, dp_rank, gas) -> micro-batches (default: batches); warmup: WarmupLR steps
     (the engine's scheduler, itself tested against its formula); freeze(model) freezes
-    what the run under test freezes."""
+    what the run under test freezes; optimizer(model) -> (optimizer, scheduler or None)
+    builds what it builds."""
     data = data or batches
     model = Reference(tied, blocks=blocks)
     if freeze is not None:
         freeze(model)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    sched = None
+    sched: Any = None
+    if optimizer is not None:
+        opt, sched = optimizer(model)
     if warmup:
         from deepspeed_ext.runtime.lr_schedules import get_lr_scheduler
 
@@ -145,6 +149,20 @@ def reference(
         "params": [p.detach().clone() for p in model.parameters()],
         "model": model,
     }
+
+
+def decay_groups(model: nn.Module) -> tuple[torch.optim.Optimizer, Any]:
+    """Megatron's and Hugging Face's optimizer: weight decay on the matrices only, in a
+    group of its own; and a torch scheduler built on it (its lr falls every step)."""
+    params = list(model.parameters())  # frozen ones too, as users build it
+    opt = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=LR,
+    )
+    return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + 2 * step))
 
 
 # -- the pipeline run (in each spawned rank) --

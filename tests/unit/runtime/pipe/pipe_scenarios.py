@@ -523,6 +523,47 @@ def frozen_first_stage(stage: int = 1, client_object: bool = False) -> dict[str,
     return {"losses": losses, "frozen_layers": module.parts[1], "moved": moved}
 
 
+def client_groups_tied() -> dict[str, Any]:
+    """A torch optimizer object with two param groups (weight decay on the matrices) and a
+    torch scheduler built on it before initialize, the embedding tied across the stages
+    (as Megatron-DeepSpeed passes its own), at ZeRO 1 and 2: the tied weights' group, split
+    off its source group, follows its lr; a key spread over two groups is refused."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    out: dict[str, Any] = {}
+    args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
+    for stage in (1, 2):
+        module = PipelineModule(pr.specs(), **args)
+        opt, sched = pr.decay_groups(module)
+        cfg = {
+            "train_micro_batch_size_per_gpu": pr.MICRO,
+            "gradient_accumulation_steps": 2,
+            "gradient_clipping": pr.CLIP,
+            "zero_optimization": {"stage": stage},
+        }
+        engine, *_ = initialize(model=module, config=cfg, optimizer=opt, lr_scheduler=sched)
+        out[f"zero{stage}"] = _train(engine, 3)
+        out[f"lrs{stage}"] = [g["lr"] for g in engine.optimizer.param_groups]
+    from deepspeed_ext.runtime.pipe import TiedLayerSpec
+
+    class BiasedEmbed(pr.Embed):  # a second tied weight, 1-D: the other group
+        def __init__(self, vocab: int, dim: int) -> None:
+            super().__init__(vocab, dim)
+            self.bias = torch.nn.Parameter(torch.zeros(dim))
+
+    layers = pr.specs()
+    attrs = ["weight", "bias"]
+    layers[0] = TiedLayerSpec("embed", BiasedEmbed, pr.VOCAB, pr.DIM, tied_weight_attr=attrs)
+    layers[-1] = TiedLayerSpec(
+        "embed", BiasedEmbed, pr.VOCAB, pr.DIM, forward_fn=pr.project, tied_weight_attr=attrs
+    )
+    module = PipelineModule(layers, **args)
+    opt, _ = pr.decay_groups(module)
+    out["spread"] = _expect_failure(lambda: initialize(model=module, config=cfg, optimizer=opt))
+    return out
+
+
 def tied_frozen() -> dict[str, Any]:
     """A tied embedding frozen on stage 0 only is refused at start on both stages (its
     copies would drift apart); frozen on both, the rest trains."""
@@ -580,6 +621,7 @@ SCENARIOS = {
     "detached_stage": detached_stage,
     "eval_runs_out": eval_data_runs_out,
     "train_runs_out": train_data_runs_out,
+    "client_groups_tied": client_groups_tied,
     "frozen_first_stage": frozen_first_stage,
     "frozen_client_object": lambda: frozen_first_stage(2, client_object=True),
     "tied_frozen": tied_frozen,

@@ -134,3 +134,16 @@ def test_a_frozen_stage_resumes_at_its_layout_and_at_another(runs: list[list[dic
     for r in (x[len(CASES)] for x in runs):
         assert r["same_layout"] == r["continued"]
         torch.testing.assert_close(torch.tensor(r["four_stages"]), torch.tensor(r["continued"]))
+
+
+def test_a_client_optimizers_groups_resume_at_its_layout_and_at_another(
+    runs: list[list[dict]],
+) -> None:
+    close = torch.testing.assert_close
+    for case, freeze in (("trained", None), ("frozen", pc._freeze_matrices)):
+        ref = pr.reference(4, pc.GAS, 2, optimizer=pr.decay_groups, freeze=freeze)["losses"]
+        for r in (x[len(CASES) + 1][case] for x in runs):
+            got = torch.tensor(r["losses"] + r["continued"])
+            close(got, torch.tensor(ref), rtol=1e-5, atol=1e-5, msg=case)
+            assert r["same_layout"] == r["continued"], case
+            close(torch.tensor(r["four_stages"]), torch.tensor(ref[2:]), rtol=1e-5, atol=1e-5)

@@ -289,6 +289,19 @@ def test_a_frozen_first_stage_trains_the_rest_as_the_reference(runs: list[dict])
         assert all(runs[1][name]["moved"])
 
 
+def test_a_client_optimizer_with_groups_and_scheduler_trains_tied_weights(runs: list) -> None:
+    ref = pr.reference(3, 2, 1, optimizer=pr.decay_groups)["losses"]
+    for r in runs:
+        got = r["client_groups_tied"]
+        for stage in (1, 2):
+            close(got[f"zero{stage}"], ref)
+            # every group at the scheduler's lr, the tied weights' group too
+            assert len(set(got[f"lrs{stage}"])) == 1 and len(got[f"lrs{stage}"]) >= 2, got
+        spread = got["spread"]
+        assert spread["error"] == "ValueError", spread
+        assert "key 'embed' are in 2 of the optimizer's param groups" in spread["message"]
+
+
 def test_tied_weights_frozen_alike_or_refused(runs: list[dict]) -> None:
     for r in runs:
         refused = r["tied_frozen"]["refused"]
