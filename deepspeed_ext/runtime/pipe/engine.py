@@ -113,6 +113,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                 "which picks DualPipeVEngine for a DualPipeVModule"
             )
         check_pipeline_config(config, model, mpu)
+        self._at_boundary = False  # is_gradient_accumulation_boundary(), as upstream's
         self._tied = model.tied  # read by _model_param_groups during construction
         self._tied.check_frozen_alike()
         self._loss_stage = model.loss_stage_id  # is_last_stage() is asked during construction
@@ -529,10 +530,10 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             sch.BackwardInputPass: self._exec_backward_input_pass,
             sch.BackwardWeightPass: self._exec_backward_weight_pass,
             sch.SendGrad: self._exec_send_grads,
-            sch.ReduceTiedGrads: self._exec_reduce_tied_grads,
+            sch.ReduceTiedGrads: self._at_the_boundary(self._exec_reduce_tied_grads),
             # the strategy reduced in the batch's last backward ([Note: gradient strategy])
             sch.ReduceGrads: lambda _: None,
-            sch.OptimizerStep: self._exec_optimizer_step,
+            sch.OptimizerStep: self._at_the_boundary(self._exec_optimizer_step),
             sch.CommitP2P: lambda _: None,  # sends go out at once ([Note: pipeline p2p])
         }
         if self.timers.enabled:
@@ -571,6 +572,22 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             losses = self._losses
             self._reset_buffers()
             self._losses = losses
+
+    def _at_the_boundary(self, handler: Callable[[Any], None]) -> Callable[[Any], None]:
+        def run(cmd: Any) -> None:
+            self._at_boundary = True
+            try:
+                handler(cmd)
+            finally:
+                self._at_boundary = False
+
+        return run
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """As upstream's pipeline engine: True only while the batch's gradients are reduced
+        across tied stages and the optimizer steps; False in the micro-batches' passes
+        (where the gradient strategy is told the boundary itself) and between batches."""
+        return self._at_boundary
 
     def _expect_receives(self, plan: list[list[sch.PipeInstruction]]) -> None:
         """Tell each receiving channel how many messages this batch brings, so that it can

@@ -176,6 +176,7 @@ def checks(root: str) -> dict[str, Any]:
                 model=_module(**kw), config=_config(**extra), optimizer=_adamw
             )
         )
+    out["boundaries"] = _boundaries()
     out["interval_from_config"] = _interval_from_config()
     out["megatron_pipes"] = _megatron_pipes()
     agree = _config(pipeline={"stages": 1, "partition": "best", "seed_layers": True})
@@ -200,6 +201,27 @@ def checks(root: str) -> dict[str, Any]:
         engine, *_ = initialize(model=odd, config=_config(), optimizer=_adamw)
         out[name] = error_text(lambda engine=engine: engine.train_batch(iter(pr.batches(0, 0, 2))))
     return out
+
+
+def _boundaries() -> dict[str, list[bool]]:
+    """is_gradient_accumulation_boundary() as upstream's pipeline engine answers it: False
+    in every micro-batch's forward and backward and between batches, True at the step."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
+    seen: dict[str, list[bool]] = {"forward": [], "backward": [], "step": [], "between": []}
+    layer = engine.module.forward_funcs[1]
+
+    def asked(kind: str) -> Any:
+        return lambda *_: seen[kind].append(engine.is_gradient_accumulation_boundary())
+
+    layer.register_forward_hook(asked("forward"))
+    layer.register_full_backward_hook(asked("backward"))
+    engine.optimizer.register_step_pre_hook(asked("step"))
+    for s in range(2):
+        engine.train_batch(iter(pr.batches(s, 0, 2)))
+        seen["between"].append(engine.is_gradient_accumulation_boundary())
+    return seen
 
 
 def _interval_from_config() -> dict[str, Any]:
@@ -322,6 +344,12 @@ def test_micro_batch_api_is_refused(res: dict[str, Any]) -> None:
 def test_config_disagreeing_with_the_module_is_refused(res: dict[str, Any], name: str) -> None:
     assert res[name].split(":")[0] in ("ValueError", "ConfigError"), res[name]
     assert REFUSED[name][1] in res[name], res[name]
+
+
+def test_gradient_accumulation_boundary_as_upstreams_pipeline(res: dict[str, Any]) -> None:
+    got = res["boundaries"]
+    assert got["forward"] == got["backward"] == [False] * 4, got  # 2 batches x 2 micro
+    assert got["step"] == [True, True] and got["between"] == [False, False], got
 
 
 def test_config_interval_turns_checkpointing_on(res: dict[str, Any]) -> None:
