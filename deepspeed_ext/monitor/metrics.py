@@ -72,6 +72,13 @@ class StepMetrics:
         self._values: dict[str, list[float]] = {}  # add_values(), by name
         self.last: dict[str, float] = {}
 
+    def mark(self) -> tuple[int, int | None]:
+        """The counts so far, for rewind() (a batch that stopped before it sent anything)."""
+        return self._samples, self._tokens
+
+    def rewind(self, mark: tuple[int, int | None]) -> None:
+        self._samples, self._tokens = mark
+
     def add_micro_batch(self, samples: int, tokens: int | None) -> None:
         self._samples += samples
         if tokens is None or self._tokens is None:

@@ -43,6 +43,14 @@ def load_partitions(
         )
     first = files.read(0)
     saved_world = int(first["partition_count"])
+    place = first.get("zero_opt_place")  # None: written before it was recorded
+    if place is not None and [tuple(x) for x in place] != list(s.opt_place):
+        raise CheckpointError(
+            f"{files.where}: its optimizer state was written for other optimizer param "
+            "groups than this optimizer's (another optimizer object, or the config's "
+            "optimizer): build the optimizer as the saving run did, or load with "
+            "load_optimizer_states=False"
+        )
     if saved_world != s.world:
         _load_resharded(s, optimizer, files, saved_world)
         return

@@ -65,8 +65,11 @@ def from_zero(files: RankFiles) -> NamedState:
     layouts = [GroupLayout.from_dict(d) for d in first["zero_layouts"]]
     saved = [p["optimizer_state_dict"] for p in parts]
     # where each layout's chunks sit in the optimizer: (param group, offset); a client
-    # optimizer's group can hold several layouts' (older files: one group each)
-    place = first.get("zero_opt_place") or [(g, 0) for g in range(len(layouts))]
+    # optimizer's group can hold several layouts'. Older files put each in the next group
+    # that holds any (a client's group of frozen params only was left empty)
+    place = first.get("zero_opt_place") or [
+        (i, 0) for i, pg in enumerate(saved[0]["param_groups"]) if pg["params"]
+    ]
     out = NamedState()
     for g, lay in enumerate(layouts):
         per_rank = [split_partition(lay, p["fp32_partitions"][g]) for p in parts]

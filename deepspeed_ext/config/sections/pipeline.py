@@ -15,10 +15,11 @@ class PipelineConfig(Section):
     # "parameters", "uniform", "type:<regex>" or upstream's default "best".
     partition: Str = "best"
     seed_layers: Bool = False
-    activation_checkpoint_interval: Int = 0
+    activation_checkpoint_interval: Annotated[Int, Field(ge=0)] = 0
     pipe_partitioned: Bool = True
     grad_partitioned: Bool = True
-    # None: reentrant checkpointing (upstream's default).
+    # None: the non-reentrant checkpoint, or the reentrant one (upstream's default) with
+    # activation_checkpointing.partition_activations on, as that one partitions.
     use_reentrant: Bool | None = None
     # deepspeed_ext: "1f1b" (upstream's TrainSchedule), "interleaved" (virtual stages: the
     # PipelineModule built with virtual_stages >= 2, which selects it by itself), "zb-h1"

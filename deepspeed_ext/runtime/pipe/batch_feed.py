@@ -91,9 +91,10 @@ class BatchFeed:
 
 
 class Agreement:
-    """Whether every data stage read its micro-batches, summed over all ranks in the
-    background: train_batch runs the first stage's first forward meanwhile (the ranks still
-    stepping from the last batch would hold it up) and waits before anything else."""
+    """Whether every data stage read its micro-batches (the worst code, a max over all
+    ranks), agreed in the background: train_batch runs the first stage's first forward
+    meanwhile (the ranks still stepping from the last batch would hold it up) and waits
+    before anything else."""
 
     def __init__(self, feed: BatchFeed, failed: Exception | None, device: Any, caller: str):
         self.feed, self.failed, self.caller = feed, failed, caller

@@ -249,15 +249,15 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             return groups
         key_of = {id(p): k for k, ps, _ in tied for p in ps}
         # a client optimizer object's group split in two holds both parts' masters
-        # (ZeroStrategy.repoint); a key spread over several of its groups cannot be one
+        # (ZeroStrategy.repoint); a key spread over several groups cannot be one
         for key, _, _ in tied:
             spread = [g for g in groups if any(key_of.get(id(p)) == key for p in g["params"])]
             if len(spread) > 1:
                 raise ValueError(
                     f"the weights tied under TiedLayerSpec key {key!r} are in {len(spread)} "
-                    "of the optimizer's param groups: ZeRO keeps a tied key in one group of "
-                    "its own; put them in one param group (the same options), or pass the "
-                    "optimizer as a callable (optimizer=lambda groups: AdamW(groups, ...))"
+                    "of the param groups (the optimizer's, or model_parameters'): ZeRO keeps "
+                    "a tied key in one group of its own, with one group's options; put them "
+                    "in one param group"
                 )
         out: list[dict[str, Any]] = []
         extra: dict[str, dict[str, Any]] = {}
@@ -423,9 +423,14 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         # every rank, stages between included, and the engine goes on with new data (upstream
         # raises on the data stages only, and the others wait for activations forever)
         try:
-            agreed = self._feed.prefetch(self.micro_batches, self._comm_device, "train_batch")
-            if agreed.failed is not None:
-                agreed.wait()  # raises: this rank's data failed
+            agreed: Agreement | None = self._feed.prefetch(
+                self.micro_batches, self._comm_device, "train_batch"
+            )
+            # waited for at once when this rank's data failed (it raises), and under tensor
+            # slicing, whose first forward all-reduces with peers that may have to stop
+            if agreed is not None and (agreed.failed is not None or self.layout.tensor.size > 1):
+                agreed.wait()
+                agreed = None
             self._run(self._train_schedule(), agreed)
         finally:
             self._feed.drop_prefetched()
@@ -515,7 +520,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         """Run a batch's instructions. With `agreed` (train_batch's data agreement), its
         first micro-batch loads and forwards meanwhile; before anything else (a message, a
         collective) the batch stops on every rank if some stage's data failed: nothing has
-        been sent then, so the engine goes on (the forward's dropout offset is put back)."""
+        been sent then, so the engine goes on (seed_layers' forward count and the sample
+        count are put back; other random streams stay advanced by that forward)."""
         self._reset_buffers()
         trains = (sch.TrainSchedule, sch.InterleavedTrainSchedule, sch.DualPipeVSchedule)
         if isinstance(sched, trains) and not getattr(sched, "forward_only", False):
@@ -544,7 +550,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._recv_slot = plan_recv_slots(plan)  # keyed by id(): `plan` outlives its use
         if agreed is None:
             self._expect_receives(plan)
-        offset = self.module.micro_offset
+        offset, counted = self.module.micro_offset, self.metrics.mark()
         try:
             for step in plan:
                 for cmd in step:
@@ -560,6 +566,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
                 ch.wait_sends()
         except _NotAgreed as stop:
             self.module.micro_offset = offset
+            self.metrics.rewind(counted)
             raise stop.error from None
         except BaseException as e:
             # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p]);

@@ -365,9 +365,11 @@ class PipelineModule(torch.nn.Module):
 
     @property
     def tied_comms(self) -> dict[str, dict[str, Any]]:
-        """Upstream's index of this stage's tied keys (code that counts tied weights once
-        reads it): the global ranks holding each, by stage, their process group (None for a
-        key on this stage alone), the weight attributes and the tied module."""
+        """Upstream's index of this stage's tied keys that other stages hold too (code that
+        counts tied weights once, or sums their gradients, reads it): the global ranks
+        holding each, by stage, their process group, the weight attributes and the tied
+        module. A key on this stage alone is left out, as get_tied_weights_and_groups()
+        leaves it (there is nothing to sum it with)."""
         return {
             key: {
                 "ranks": list(group.ranks),
@@ -376,6 +378,7 @@ class PipelineModule(torch.nn.Module):
                 "module": self.tied_modules[key],
             }
             for key, _, group in self.tied.entries()
+            if group.size > 1
         }
 
     def _synchronize_tied_weights(self) -> None:

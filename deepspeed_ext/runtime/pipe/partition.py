@@ -21,9 +21,10 @@ from .spec import LayerSpec
 
 
 def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
-    """Contiguous, non-empty parts minimizing the heaviest part (dynamic programming: layer
-    counts are small). Upstream's minimizes the heaviest less the lightest instead, and on
-    ties gives earlier stages the extra layers; here the slowest stage, which paces the
+    """Contiguous parts minimizing the heaviest part, non-empty while there are at least as
+    many items as parts (dynamic programming: layer counts are small). Upstream's minimizes
+    the heaviest less the lightest instead, and on ties gives earlier stages the extra
+    layers; here the slowest stage, which paces the
     pipeline, is as light as it can be, and ties give the extra layers to later stages,
     which hold fewer micro-batches' activations under 1F1B. So "parameters" and "type:"
     partitions can differ from upstream's (uniform ones do not)."""

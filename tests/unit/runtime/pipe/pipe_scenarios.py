@@ -412,8 +412,16 @@ def failed_batch_then_more() -> dict[str, Any]:
 def train_data_runs_out() -> dict[str, Any]:
     """Training data running out (1 micro-batch for 2 on the first stage, then on the last,
     then set_dataloader's one pass of 4 micro-batches): StopIteration on every stage before
-    any p2p, and training goes on with new data exactly as an engine that never ran out."""
-    engine, plain = _engine(_module()), _engine(_module())
+    any p2p, and training goes on with new data exactly as an engine that never ran out
+    (with dropout on the first stage: its stopped forward's seed_layers count put back)."""
+    from torch import nn
+
+    from deepspeed_ext.runtime.pipe import LayerSpec, PipelineModule
+
+    layers = pr.specs()
+    layers.insert(2, LayerSpec(nn.Dropout, 0.2))
+    args = dict(num_stages=2, loss_fn=pr.lm_loss, seed_layers=True, partition_method="uniform")
+    engine, plain = (_engine(PipelineModule(layers, **args)) for _ in range(2))
     _train(engine, 1)
     # the first stage runs out, the last stage has both micro-batches (and drops them)
     gas = 1 if engine.is_first_stage() else 2

@@ -140,6 +140,9 @@ def test_a_client_optimizers_groups_resume_at_its_layout_and_at_another(
     runs: list[list[dict]],
 ) -> None:
     close = torch.testing.assert_close
+    for r in (x[len(CASES) + 1] for x in runs):
+        assert "written for other optimizer param groups" in r["cross"], r["cross"]
+        assert "load_optimizer_states=False" in r["cross"], r["cross"]
     for case, freeze in (("trained", None), ("frozen", pc._freeze_matrices)):
         ref = pr.reference(4, pc.GAS, 2, optimizer=pr.decay_groups, freeze=freeze)["losses"]
         for r in (x[len(CASES) + 1][case] for x in runs):

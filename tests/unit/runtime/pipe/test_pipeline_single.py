@@ -27,6 +27,10 @@ REFUSED = {
         "activation_checkpoint_interval=1",
     ),
     "seed": ({"pipeline": {"seed_layers": False}}, "pipeline.seed_layers"),
+    "interval_negative": (
+        {"pipeline": {"activation_checkpoint_interval": -1}},
+        "pipeline.activation_checkpoint_interval",
+    ),
     "schedule": ({"pipeline": {"schedule": "interleaved"}}, "virtual_stages=2"),
     "schedule_name": ({"pipeline": {"schedule": "zb-h2"}}, "zb-h1"),
     "dualpipev_on_plain": ({"pipeline": {"schedule": "dualpipev-zb"}}, "DualPipeVModule"),
