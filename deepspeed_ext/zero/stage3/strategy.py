@@ -393,14 +393,23 @@ class Stage3Strategy:
         ]
 
     def repoint(self, optimizer: torch.optim.Optimizer) -> None:
-        if len(optimizer.param_groups) != len(self.group_params):
+        """A client optimizer built on the model params: each of its groups holds its
+        trainable params' masters instead; a group of frozen params only (a LoRA base
+        model's) is left empty, so the client's groups keep their number and order (and
+        the optimizer state's parameter numbering follows group_params)."""
+        owner = {id(p): i for i, og in enumerate(optimizer.param_groups) for p in og["params"]}
+        sources = [{owner.get(id(p), -1) for p in params} for params in self.group_params]
+        ordered = [next(iter(found)) for found in sources if len(found) == 1]
+        if len(ordered) != len(sources) or -1 in ordered or ordered != sorted(set(ordered)):
             raise ValueError(
-                "with ZeRO, each optimizer param group must hold trainable params: "
-                f"{len(optimizer.param_groups)} groups but {len(self.group_params)} with "
-                "trainable params"
+                "with ZeRO, the optimizer's param groups must be the model's groups: "
+                "build the optimizer on the params given to deepspeed.initialize "
+                "(model_parameters=, or the model's)"
             )
-        for og, params in zip(optimizer.param_groups, self.group_params):
-            og["params"] = [self.masters[id(p)] for p in params]
+        for og in optimizer.param_groups:
+            og["params"] = []
+        for params, i in zip(self.group_params, ordered):
+            optimizer.param_groups[i]["params"] = [self.masters[id(p)] for p in params]
 
     # -- backward --
     def _on_grad(self, p: Any, holder: Any = None) -> None:

@@ -236,3 +236,74 @@ def test_a_frozen_model_with_an_optimizer_runs_and_says_it_trains_nothing(stage)
     (r,) = run_ranks(_frozen_model, 1, stage)
     assert r["groups"] == [0] and r["lr"] == 1e-3, r
     assert r["shape"][0] == 8 and r["same"] and r["warned"], r
+
+
+def _lora_groups(model: torch.nn.Module) -> torch.optim.Optimizer:
+    """Hugging Face's optimizer over a model whose first layer is frozen (a LoRA base), built
+    on every param: a group of frozen params only, then decay and no-decay groups."""
+    model[0].requires_grad_(False)
+    params = list(model.parameters())
+    train = [p for p in params if p.requires_grad]
+    return torch.optim.AdamW(
+        [
+            {"params": [p for p in params if not p.requires_grad]},
+            {"params": [p for p in train if p.ndim >= 2], "weight_decay": 0.1},
+            {"params": [p for p in train if p.ndim < 2], "weight_decay": 0.0},
+        ],
+        lr=1e-2,
+    )
+
+
+def _client_groups_run(stage: int, root: str) -> dict:
+    """2 ranks; 3 steps, the third also after a save at step 2 and a resume."""
+    import torch.distributed as dist
+
+    from deepspeed_ext.runtime.initialize import initialize
+
+    cfg = {"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage}}
+
+    def engine() -> tuple:
+        model = mlp()
+        eng, opt, *_ = initialize(model=model, config=cfg, optimizer=_lora_groups(model))
+        return eng, opt
+
+    def step(eng: object, s: int) -> float:
+        x, y = batch(s, dist.get_rank())
+        loss = loss_fn(eng, x, y)
+        eng.backward(loss)
+        eng.step()
+        return float(loss)
+
+    first, opt = engine()
+    losses = [step(first, s) for s in range(2)]
+    first.save_checkpoint(root, tag="t")
+    losses.append(step(first, 2))
+    again, _ = engine()
+    again.load_checkpoint(root, tag="t")
+    return {
+        "losses": losses,
+        "resumed": step(again, 2),
+        "groups": [len(g["params"]) > 0 for g in opt.param_groups],
+    }
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_a_client_optimizer_with_a_frozen_group_trains_and_resumes(stage, tmp_path):
+    """A group of frozen params only in a client optimizer is left empty (ZeRO 3 refused
+    it), the other groups keep their options: losses as torch's on the same groups, and a
+    resume continues exactly."""
+    out = run_ranks(_client_groups_run, 2, stage, str(tmp_path))
+    model = mlp()
+    opt = _lora_groups(model)
+    ref = []
+    for s in range(3):
+        opt.zero_grad()
+        total = sum(loss_fn(model, *batch(s, r)) for r in range(2)) / 2
+        total.backward()
+        opt.step()
+        ref.append(float(total))
+    for r in out:
+        assert r["groups"] == [False, True, True], r
+        assert r["resumed"] == r["losses"][2], r
+    mean = [sum(r["losses"][s] for r in out) / 2 for s in range(3)]
+    torch.testing.assert_close(torch.tensor(mean), torch.tensor(ref), rtol=1e-5, atol=1e-6)
