@@ -106,9 +106,10 @@ class ProcessTopology:
         ]
 
     def get_axis_list(self, axis: str, idx: int) -> list[int]:
-        """Global ranks whose coordinate on `axis` is idx."""
+        """Global ranks whose coordinate on `axis` is idx (an unknown axis is an error, as
+        upstream's; get_axis_comm_lists gives [] for one)."""
         if axis not in self.axes:
-            return []
+            raise ValueError(f"get_axis_list: unknown axis {axis!r}; axes are {self.axes}")
         return self.filter_match(**{axis: idx})
 
     def __str__(self) -> str:

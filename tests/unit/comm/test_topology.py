@@ -49,6 +49,9 @@ def test_3d_groups_follow_upstream_formula(p, d, t):
         assert topo.get_axis_list("data", j) == sorted(
             (i * d + j) * t + k for i in range(p) for k in range(t)
         )
+    with pytest.raises(ValueError, match="unknown axis 'expert'"):  # as upstream's
+        topo.get_axis_list("expert", 0)
+    assert topo.get_axis_comm_lists("expert") == []
 
 
 def test_pipe_data_topology_and_queries():
