@@ -63,6 +63,18 @@ def test_partitioned_pipe_keys_halve_the_bytes_between_stages() -> None:
         torch.testing.assert_close(
             torch.tensor(ckpt["losses"]), torch.tensor(r["split"]["losses"]), rtol=1e-6, atol=0
         )
+    # stage 0 frozen over sliced layers: the rest trains as one process with those frozen
+    n0 = out[0]["frozen_stage"]["frozen_layers"]
+
+    def freeze(model: pr.Reference) -> None:
+        for layer in list(model.layers)[:n0]:
+            layer.requires_grad_(False)
+
+    frozen_ref = pr.reference(2, GAS, 1, tied=False, freeze=freeze)["losses"]
+    for r in out:
+        torch.testing.assert_close(
+            torch.tensor(r["frozen_stage"]["losses"]), torch.tensor(frozen_ref)
+        )
     # DualPipeV's V over the same sliced stages, its p2p partitioned too
     ref = pr.reference(2, 4, 1)["losses"]
     for r in out:

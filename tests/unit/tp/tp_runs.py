@@ -333,6 +333,16 @@ def fp32_export_logits(save_dir: str) -> float:
         return float((a(input_ids=ids).logits - b(input_ids=ids).logits).abs().max())
 
 
+# the pipeline tests' blocks sliced: up by columns, down by rows
+_UP_DOWN = {
+    "use_default_specs": False,
+    "layer_specs": [
+        {"patterns": [r".*\.up\.weight$"], "partition_type": "column"},
+        {"patterns": [r".*\.down\.weight$"], "partition_type": "row"},
+    ],
+}
+
+
 def _pipeline_3d_engine(
     gas: int,
     zero: int,
@@ -360,16 +370,7 @@ def _pipeline_3d_engine(
         "gradient_accumulation_steps": gas,
         "gradient_clipping": pr.CLIP,
         "zero_optimization": {"stage": zero},
-        "tensor_parallel": {
-            "autotp_size": 2,
-            "partition_config": {
-                "use_default_specs": False,
-                "layer_specs": [
-                    {"patterns": [r".*\.up\.weight$"], "partition_type": "column"},
-                    {"patterns": [r".*\.down\.weight$"], "partition_type": "row"},
-                ],
-            },
-        },
+        "tensor_parallel": {"autotp_size": 2, "partition_config": _UP_DOWN},
     }
     if pipeline is not None:
         cfg["pipeline"] = pipeline
@@ -449,11 +450,43 @@ def pipeline_3d(steps: int, gas: int, zero: int) -> dict:
     }
 
 
+def _frozen_stage_3d(steps: int, gas: int) -> dict:
+    """TP 2 x PP 2, stage 0's layers frozen (untied head), ZeRO 1: its ranks step nothing
+    and are sent empty (partitioned) gradient messages; the last stage trains."""
+    from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+    from tests.unit.runtime.pipe import pipe_runs as pr
+
+    module = PipelineModule(
+        pr.specs(tied=False),
+        topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=1),
+        loss_fn=pr.lm_loss,
+        seed_layers=True,
+        partition_method="uniform",
+    )
+    if module.stage_id == 0:
+        module.requires_grad_(False)
+    cfg = {
+        "train_micro_batch_size_per_gpu": pr.MICRO,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": pr.CLIP,
+        "zero_optimization": {"stage": 1},
+        "tensor_parallel": {"autotp_size": 2, "partition_config": _UP_DOWN},
+    }
+    engine, *_ = initialize(
+        model=module, config=cfg, optimizer=lambda groups: torch.optim.AdamW(groups, lr=pr.LR)
+    )
+    losses = _train_3d(engine, steps, gas)
+    engine.destroy()
+    return {"losses": losses, "frozen_layers": module.parts[1]}
+
+
 def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
     """TP 2 x PP 2 on 4 ranks, trained with pipeline.pipe_partitioned / grad_partitioned on
     (the default) and off: each run's losses and the bytes its point-to-point sends put on
     the link between stages; then with every layer checkpointed and partition_activations
-    on; then DualPipeV's (partitioned, 4 micro-batches) losses."""
+    on; then with stage 0 frozen; then DualPipeV's (partitioned, 4 micro-batches) losses."""
     from deepspeed_ext import comm
 
     out: dict[str, Any] = {}
@@ -496,6 +529,7 @@ def pipeline_split_vs_whole(steps: int, gas: int) -> dict:
         "parts": sum(parts),
     }
     engine.destroy()
+    out["frozen_stage"] = _frozen_stage_3d(steps, gas)
     engine = _pipeline_3d_engine(4, 0, dp=1, v=True)
     out["dualpipev"] = {
         "losses": _train_3d(engine, steps, 4),
