@@ -32,6 +32,7 @@ from .additional_losses import AdditionalLosses, Meta, meta_key
 from .batch_feed import Agreement, BatchFeed
 from .checks import check_pipeline_config, schedule_for
 from .errors import PipelineError
+from .instruction_map import InstructionMap
 from .module import PipelineModule
 from .recv_slots import plan_recv_slots
 from .split_backward import SplitPlan, plan_split
@@ -102,6 +103,24 @@ class _NotAgreed(Exception):
 
 class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     _engines = 0  # engines built in this process: tags their p2p messages
+    # upstream's name for what runs each instruction (read-only: instruction_map.py)
+    _INSTRUCTION_MAP = InstructionMap(
+        {
+            sch.LoadMicroBatch: "_exec_load_micro_batch",
+            sch.RecvActivation: "_exec_recv_activations",
+            sch.ForwardPass: "_exec_forward_pass",
+            sch.SendActivation: "_exec_send_activations",
+            sch.RecvGrad: "_exec_recv_grads",
+            sch.BackwardPass: "_exec_backward_pass",
+            sch.BackwardInputPass: "_exec_backward_input_pass",
+            sch.BackwardWeightPass: "_exec_backward_weight_pass",
+            sch.SendGrad: "_exec_send_grads",
+            sch.ReduceTiedGrads: "_exec_reduce_tied_grads",
+            sch.ReduceGrads: "_exec_reduce_grads",
+            sch.OptimizerStep: "_exec_optimizer_step",
+            sch.CommitP2P: "_exec_commit_p2p",
+        }
+    )
     pipeline_parallelism = True
     layouts = ("interleaved",)  # the module layouts (pipe_layout) its schedules run
 
@@ -527,26 +546,23 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         if isinstance(sched, trains) and not getattr(sched, "forward_only", False):
             self._backwards_left = sched.micro_batches * self.chunks
         handlers: dict[type, Callable[[Any], None]] = {
-            sch.LoadMicroBatch: self._exec_load_micro_batch,
-            sch.RecvActivation: self._exec_recv_activations,
-            sch.ForwardPass: self._exec_forward_pass,
-            sch.SendActivation: self._exec_send_activations,
-            sch.RecvGrad: self._exec_recv_grads,
-            sch.BackwardPass: self._exec_backward_pass,
-            sch.BackwardInputPass: self._exec_backward_input_pass,
-            sch.BackwardWeightPass: self._exec_backward_weight_pass,
-            sch.SendGrad: self._exec_send_grads,
-            sch.ReduceTiedGrads: self._at_the_boundary(self._exec_reduce_tied_grads),
-            # the strategy reduced in the batch's last backward ([Note: gradient strategy])
-            sch.ReduceGrads: lambda _: None,
-            sch.OptimizerStep: self._at_the_boundary(self._exec_optimizer_step),
-            sch.CommitP2P: lambda _: None,  # sends go out at once ([Note: pipeline p2p])
+            kind: getattr(self, name) for kind, name in self._INSTRUCTION_MAP.items()
         }
+        boundary: tuple[type, ...] = (sch.ReduceTiedGrads, sch.OptimizerStep)
+        for kind in boundary:
+            handlers[kind] = self._at_the_boundary(handlers[kind])
         if self.timers.enabled:
             for kind, name in _TIMED.items():
                 handlers[kind] = self._timed(handlers[kind], name)
         senders = [*self._act_out.values(), *self._grad_out.values()]
         plan = list(sched.steps())
+        unknown = {type(cmd) for step in plan for cmd in step} - handlers.keys()
+        if unknown:  # before anything runs (a schedule written for upstream's engine)
+            names = sorted(k.__name__ for k in unknown)
+            runs = sorted(k.__name__ for k in handlers)
+            raise PipelineError(
+                f"{type(self).__name__} does not run instruction(s) {names}: it runs {runs}"
+            )
         self._recv_slot = plan_recv_slots(plan)  # keyed by id(): `plan` outlives its use
         if agreed is None:
             self._expect_receives(plan)
@@ -829,6 +845,13 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             "or checkpointable_layers to leave such layers out; or freeze what should not "
             "train (requires_grad=False)"
         )
+
+    def _exec_reduce_grads(self, cmd: sch.ReduceGrads) -> None:
+        """Nothing: the strategy reduced in the batch's last backward ([Note: gradient
+        strategy])."""
+
+    def _exec_commit_p2p(self, cmd: sch.CommitP2P) -> None:
+        """Nothing: sends go out at once ([Note: pipeline p2p])."""
 
     def _exec_reduce_tied_grads(self, cmd: sch.ReduceTiedGrads) -> None:
         for params, group in self._tied.trained():

@@ -181,6 +181,7 @@ def checks(root: str) -> dict[str, Any]:
             )
         )
     out["boundaries"] = _boundaries()
+    out["unknown_instruction"] = _unknown_instruction()
     out["interval_from_config"] = _interval_from_config()
     out["megatron_pipes"] = _megatron_pipes()
     agree = _config(pipeline={"stages": 1, "partition": "best", "seed_layers": True})
@@ -205,6 +206,24 @@ def checks(root: str) -> dict[str, Any]:
         engine, *_ = initialize(model=odd, config=_config(), optimizer=_adamw)
         out[name] = error_text(lambda engine=engine: engine.train_batch(iter(pr.batches(0, 0, 2))))
     return out
+
+
+def _unknown_instruction() -> tuple[str, float]:
+    """A schedule with an instruction the engine does not run (one written for upstream's
+    engine): refused before anything runs, and the engine trains on."""
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import schedule as sch
+
+    class Unknown(sch.PipeInstruction):
+        pass
+
+    class Odd(sch.PipeSchedule):
+        def steps(self) -> Any:
+            yield [sch.LoadMicroBatch(0), Unknown()]
+
+    engine, *_ = initialize(model=_module(), config=_config(), optimizer=_adamw)
+    refused = error_text(lambda: engine._run(Odd(2, 1, 0)))
+    return refused, float(engine.train_batch(iter(pr.batches(0, 0, 2))))
 
 
 def _boundaries() -> dict[str, list[bool]]:
@@ -348,6 +367,14 @@ def test_micro_batch_api_is_refused(res: dict[str, Any]) -> None:
 def test_config_disagreeing_with_the_module_is_refused(res: dict[str, Any], name: str) -> None:
     assert res[name].split(":")[0] in ("ValueError", "ConfigError"), res[name]
     assert REFUSED[name][1] in res[name], res[name]
+
+
+def test_an_instruction_the_engine_does_not_run_is_refused_first(res: dict[str, Any]) -> None:
+    refused, loss = res["unknown_instruction"]
+    assert (
+        refused.startswith("PipelineError") and "does not run instruction(s) ['Unknown']" in refused
+    )
+    assert torch.isfinite(torch.tensor(loss))
 
 
 def test_gradient_accumulation_boundary_as_upstreams_pipeline(res: dict[str, Any]) -> None:
