@@ -13,6 +13,7 @@ from deepspeed_ext import comm
 from deepspeed_ext.comm import all_gather_bucket, collective_device, sum_tensor_over
 
 from . import checkpoint
+from .client_groups import source_groups
 from .comm_options import reduce_options
 from .fragments import Fragment, bind, state_owner
 from .layout import GroupLayout, plan_group
@@ -38,9 +39,6 @@ class ZeroStrategy:
         optimizer_device = ctx.optimizer_device
         names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.groups: list[ShardedGroup] = []
-        # where each of self.groups' masters sit in the optimizer: (param group, offset in
-        # its params); a client optimizer's groups can hold several (repoint)
-        self.opt_place: list[tuple[int, int]] = []
         self.group_options: list[dict[str, Any]] = []
         for g in ctx.model_groups:
             trainable = [p for p in g["params"] if p.requires_grad]
@@ -52,7 +50,9 @@ class ZeroStrategy:
             )
             self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
             self.group_options.append({k: v for k, v in g.items() if k != "params"})
-        self.opt_place = [(g, 0) for g in range(len(self.groups))]
+        # where each of self.groups' masters sit in the optimizer: (param group, offset in
+        # its params); a client optimizer's groups can hold several (repoint)
+        self.opt_place: list[tuple[int, int]] = [(g, 0) for g in range(len(self.groups))]
         reduce_opts = reduce_options(ctx.zero, ctx.hierarchy)
         self.reducer = ShardedReducer(
             self.groups,
@@ -89,19 +89,7 @@ class ZeroStrategy:
         number and order, so a scheduler built on it before initialize still fits; a group
         split in two (weights tied across pipeline stages get a ZeRO group of their own)
         holds both groups' masters."""
-        owner = {id(p): i for i, og in enumerate(optimizer.param_groups) for p in og["params"]}
-        sources: list[int] = []
-        for grp in self.groups:
-            found = {owner.get(id(p), -1) for p in grp.params}
-            if len(found) != 1 or -1 in found:
-                raise ValueError(
-                    "with ZeRO, the optimizer's param groups must be the model's groups: "
-                    "build the optimizer on the params given to deepspeed.initialize "
-                    "(model_parameters=, or the model's)"
-                )
-            sources.append(found.pop())
-        for og in optimizer.param_groups:
-            og["params"] = []
+        sources = source_groups(optimizer, [grp.params for grp in self.groups])
         self.opt_place = []
         for grp, i in zip(self.groups, sources):
             params = optimizer.param_groups[i]["params"]

@@ -442,15 +442,13 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         # every rank, stages between included, and the engine goes on with new data (upstream
         # raises on the data stages only, and the others wait for activations forever)
         try:
-            agreed: Agreement | None = self._feed.prefetch(
-                self.micro_batches, self._comm_device, "train_batch"
-            )
+            agreed = self._feed.prefetch(self.micro_batches, self._comm_device, "train_batch")
             # waited for at once when this rank's data failed (it raises), and under tensor
             # slicing, whose first forward all-reduces with peers that may have to stop
-            if agreed is not None and (agreed.failed is not None or self.layout.tensor.size > 1):
+            overlap = agreed.failed is None and self.layout.tensor.size == 1
+            if not overlap:
                 agreed.wait()
-                agreed = None
-            self._run(self._train_schedule(), agreed)
+            self._run(self._train_schedule(), agreed if overlap else None)
         finally:
             self._feed.drop_prefetched()
         assert self.agg_train_loss is not None  # set by the schedule's OptimizerStep

@@ -277,10 +277,10 @@ class PipelineModule(torch.nn.Module):
         return run
 
     def _is_checkpointable(self, funcs: list[Any]) -> bool:
-        extra = self.checkpointable_layers or []
         if type(self).__name__ in _MEGATRON_PIPES and not self._checkpoints_non_reentrant():
             # Megatron-DeepSpeed's GPT pipes, as upstream treats them: transformer layers
             # (and checkpointable_layers), never the embedding, mask helpers or the head
+            extra = self.checkpointable_layers or []
             return all(
                 "ParallelTransformerLayerPipe" in type(f).__name__ or type(f).__name__ in extra
                 for f in funcs

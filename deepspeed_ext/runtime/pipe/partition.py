@@ -24,10 +24,10 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     """Contiguous parts minimizing the heaviest part, non-empty while there are at least as
     many items as parts (dynamic programming: layer counts are small). Upstream's minimizes
     the heaviest less the lightest instead, and on ties gives earlier stages the extra
-    layers; here the slowest stage, which paces the
-    pipeline, is as light as it can be, and ties give the extra layers to later stages,
-    which hold fewer micro-batches' activations under 1F1B. So "parameters" and "type:"
-    partitions can differ from upstream's (uniform ones do not)."""
+    layers; here the slowest stage, which paces the pipeline, is as light as it can be, and
+    ties give the extra layers to later stages, which hold fewer micro-batches' activations
+    under 1F1B. So "parameters" and "type:" partitions can differ from upstream's (uniform
+    ones do not)."""
     n = len(weights)
     if n <= num_parts:  # one item each, then empty parts (as upstream's)
         return partition_uniform(n, num_parts)

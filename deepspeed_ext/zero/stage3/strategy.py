@@ -16,6 +16,7 @@ from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 
 from ..backward_end import EndOfBackward
+from ..client_groups import source_groups
 from ..comm_options import reduce_options
 from ..fragments import Fragment, bind, state_owner
 from ..norms import sum_of_squares
@@ -397,18 +398,14 @@ class Stage3Strategy:
         trainable params' masters instead; a group of frozen params only (a LoRA base
         model's) is left empty, so the client's groups keep their number and order (and
         the optimizer state's parameter numbering follows group_params)."""
-        owner = {id(p): i for i, og in enumerate(optimizer.param_groups) for p in og["params"]}
-        sources = [{owner.get(id(p), -1) for p in params} for params in self.group_params]
-        ordered = [next(iter(found)) for found in sources if len(found) == 1]
-        if len(ordered) != len(sources) or -1 in ordered or ordered != sorted(set(ordered)):
+        sources = source_groups(optimizer, self.group_params)
+        if sources != sorted(set(sources)):  # one ZeRO group per client group, in order
             raise ValueError(
-                "with ZeRO, the optimizer's param groups must be the model's groups: "
-                "build the optimizer on the params given to deepspeed.initialize "
+                "with ZeRO stage 3, the optimizer's param groups must be the model's groups, "
+                "in order: build the optimizer on the params given to deepspeed.initialize "
                 "(model_parameters=, or the model's)"
             )
-        for og in optimizer.param_groups:
-            og["params"] = []
-        for params, i in zip(self.group_params, ordered):
+        for params, i in zip(self.group_params, sources):
             optimizer.param_groups[i]["params"] = [self.masters[id(p)] for p in params]
 
     # -- backward --
