@@ -26,6 +26,7 @@ from deepspeed_ext.zero.norms import sum_of_squares
 
 from ..dataloader import DeepSpeedDataLoader, RepeatingLoader
 from ..engine import DeepSpeedEngine
+from . import batch_start
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
 from .additional_losses import AdditionalLosses, Meta, meta_key
@@ -172,6 +173,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self.eval_return_logits = False  # upstream's names: eval_batch(return_logits=True)
         self.outputs: Any = None  # ... keeps the last stage's outputs here
         self.dynamic_shape = model.dynamic_shape  # upstream's: shapes renegotiated per message
+        self._running_stats: list[torch.Tensor] | None = None  # batch_start, found once
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._ckpt_upstream = False  # ... and whether upstream's engine wrote it
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
@@ -537,8 +539,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         """Run a batch's instructions. With `agreed` (train_batch's data agreement), its
         first micro-batch loads and forwards meanwhile; before anything else (a message, a
         collective) the batch stops on every rank if some stage's data failed: nothing has
-        been sent then, so the engine goes on (seed_layers' forward count and the sample
-        count are put back; other random streams stay advanced by that forward)."""
+        been sent then, so the engine goes on as if the batch had not started (batch_start:
+        the forward's counts, random draws and norm statistics are put back)."""
         self._reset_buffers()
         trains = (sch.TrainSchedule, sch.InterleavedTrainSchedule, sch.DualPipeVSchedule)
         if isinstance(sched, trains) and not getattr(sched, "forward_only", False):
@@ -564,7 +566,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._recv_slot = plan_recv_slots(plan)  # keyed by id(): `plan` outlives its use
         if agreed is None:
             self._expect_receives(plan)
-        offset, counted = self.module.micro_offset, self.metrics.mark()
+        start = None
+        if agreed is not None:
+            if self._running_stats is None:
+                self._running_stats = batch_start.running_stats(self.module)
+            start = batch_start.mark(self.module, self.metrics, self._running_stats)
         try:
             for step in plan:
                 for cmd in step:
@@ -579,8 +585,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             for ch in senders:
                 ch.wait_sends()
         except _NotAgreed as stop:
-            self.module.micro_offset = offset
-            self.metrics.rewind(counted)
+            assert start is not None
+            batch_start.rewind(start, self.module, self.metrics)
             raise stop.error from None
         except BaseException as e:
             # tell the neighbours, so they raise instead of waiting ([Note: pipeline p2p]);

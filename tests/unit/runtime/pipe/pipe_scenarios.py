@@ -447,6 +447,60 @@ def train_data_runs_out() -> dict[str, Any]:
     }
 
 
+class _TokenNorm(nn.Module):
+    """BatchNorm over the feature dim of (batch, seq, dim) activations: running stats."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.norm = nn.BatchNorm1d(dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x.transpose(1, 2)).transpose(1, 2)
+
+
+def stopped_batch_undone() -> dict[str, Any]:
+    """Without seed_layers, dropout draws from the global random stream, and a BatchNorm
+    keeps running stats: a batch stopped after the first stage forwarded (the last stage's
+    data ran out) leaves both as they were, so training goes on as an engine that never
+    ran out, random draws and statistics included."""
+    from deepspeed_ext.runtime.pipe import LayerSpec, PipelineModule
+
+    layers = pr.specs()
+    layers[1:1] = [LayerSpec(_TokenNorm, pr.DIM), LayerSpec(nn.Dropout, 0.2)]
+    args = dict(num_stages=2, loss_fn=pr.lm_loss, partition_method="uniform")
+
+    def run(stop: bool) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(3)  # the same weights for both engines
+        engine = _engine(PipelineModule(layers, **args))
+        torch.manual_seed(7)  # ... and the same dropout masks
+        losses = _train(engine, 1)
+        error = None
+        if stop:
+            gas = 2 if engine.is_first_stage() else 1
+            it = iter(pr.batches(7, 0, gas)) if engine._needs_data() else None
+            error = _expect_failure(lambda: engine.train_batch(it))["error"]
+            assert error == "StopIteration", error
+        losses += [
+            float(engine.train_batch(iter(pr.batches(s, 0, 2)) if engine._needs_data() else None))
+            for s in (1, 2)
+        ]
+        stats = [
+            b.clone()
+            for m in engine.module.modules()
+            if isinstance(m, nn.BatchNorm1d)
+            for b in (m.running_mean, m.running_var)
+        ]
+        return losses, stats
+
+    (got, stats), (plain, plain_stats) = run(True), run(False)
+    return {
+        "got": got,
+        "plain": plain,
+        "stats": len(stats),
+        "stats_equal": all(torch.equal(a, b) for a, b in zip(stats, plain_stats)),
+    }
+
+
 def tied_groups() -> dict[str, Any]:
     """get_tied_weights_and_groups(): the embedding tied across both stages, with a torch
     process group of the two that a gradient can be summed over; upstream's tied_comms and
@@ -629,6 +683,7 @@ SCENARIOS = {
     "detached_stage": detached_stage,
     "eval_runs_out": eval_data_runs_out,
     "train_runs_out": train_data_runs_out,
+    "stopped_undone": stopped_batch_undone,
     "client_groups_tied": client_groups_tied,
     "frozen_first_stage": frozen_first_stage,
     "frozen_client_object": lambda: frozen_first_stage(2, client_object=True),

@@ -261,6 +261,19 @@ def test_training_data_running_out_stops_every_stage_and_training_goes_on(
     assert "ran out on another rank's stage" in runs[0]["train_runs_out"]["short_last"]["message"]
 
 
+def test_a_stopped_batch_leaves_random_streams_and_norm_stats_as_they_were(
+    runs: list[dict],
+) -> None:
+    """Dropout without seed_layers and a BatchNorm on the first stage, which forwarded its
+    first micro-batch before the batch stopped: the next batches draw the same masks and
+    the stats match an engine that never ran out."""
+    got = runs[0]["stopped_undone"]
+    assert got["stats"] == 2, got  # the norm is on the first stage
+    assert got["stats_equal"], got
+    for r in runs:
+        assert r["stopped_undone"]["got"] == r["stopped_undone"]["plain"], r["stopped_undone"]
+
+
 def test_an_engine_whose_batch_failed_refuses_the_next(runs: list[dict]) -> None:
     for r in runs:
         got = r["failed_batch"]
