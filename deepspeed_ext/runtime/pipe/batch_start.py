@@ -20,15 +20,15 @@ from torch.nn.modules.batchnorm import _NormBase
 from ..activation_checkpointing import rng
 
 
-def running_stats(module: nn.Module) -> list[torch.Tensor]:
-    """The buffers a forward in train mode updates in place: norm layers' running stats."""
-    out: list[torch.Tensor] = []
-    for m in module.modules():
-        if isinstance(m, _NormBase) and m.track_running_stats:
-            out.extend(
-                b for b in (m.running_mean, m.running_var, m.num_batches_tracked) if b is not None
-            )
-    return out
+def norm_layers(module: nn.Module) -> list[_NormBase]:
+    """The layers whose forward in train mode updates buffers in place: running stats."""
+    return [m for m in module.modules() if isinstance(m, _NormBase) and m.track_running_stats]
+
+
+def _running_stats(norms: list[_NormBase]) -> list[torch.Tensor]:
+    # read at each mark: module.to() / half() replace buffer tensors, not the layers
+    names = ("running_mean", "running_var", "num_batches_tracked")
+    return [b for m in norms for b in (getattr(m, n, None) for n in names) if b is not None]
 
 
 @dataclass
@@ -39,12 +39,12 @@ class BatchStart:
     stats: list[tuple[torch.Tensor, torch.Tensor]]  # (buffer, its value at the start)
 
 
-def mark(module: Any, metrics: Any, stats: list[torch.Tensor]) -> BatchStart:
+def mark(module: Any, metrics: Any, norms: list[_NormBase]) -> BatchStart:
     return BatchStart(
         module.micro_offset,
         metrics.mark(),
         rng.snapshot(),
-        [(b, b.detach().clone()) for b in stats],
+        [(b, b.detach().clone()) for b in _running_stats(norms)],
     )
 
 

@@ -173,7 +173,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self.eval_return_logits = False  # upstream's names: eval_batch(return_logits=True)
         self.outputs: Any = None  # ... keeps the last stage's outputs here
         self.dynamic_shape = model.dynamic_shape  # upstream's: shapes renegotiated per message
-        self._running_stats: list[torch.Tensor] | None = None  # batch_start, found once
+        self._norm_layers: list[Any] | None = None  # batch_start's, found once
         self._ckpt_same_layout = True  # set by each load_checkpoint
         self._ckpt_upstream = False  # ... and whether upstream's engine wrote it
         self.unsplit_backwards = 0  # zb-h1 backwards that ran whole ([Note: split backward])
@@ -568,9 +568,9 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
             self._expect_receives(plan)
         start = None
         if agreed is not None:
-            if self._running_stats is None:
-                self._running_stats = batch_start.running_stats(self.module)
-            start = batch_start.mark(self.module, self.metrics, self._running_stats)
+            if self._norm_layers is None:
+                self._norm_layers = batch_start.norm_layers(self.module)
+            start = batch_start.mark(self.module, self.metrics, self._norm_layers)
         try:
             for step in plan:
                 for cmd in step:
