@@ -92,6 +92,7 @@ def from_zero(files: RankFiles) -> NamedState:
                 for s in lay.slots:
                     out.state.setdefault(s.name, {})[key] = value
         for s in lay.slots:
+            out.state.setdefault(s.name, {})  # empty before the first step: none to re-cut
             out.options[s.name] = opts
     return out
 

@@ -150,3 +150,19 @@ def test_a_client_optimizers_groups_resume_at_its_layout_and_at_another(
             close(got, torch.tensor(ref), rtol=1e-5, atol=1e-5, msg=case)
             assert r["same_layout"] == r["continued"], case
             close(torch.tensor(r["four_stages"]), torch.tensor(ref[2:]), rtol=1e-5, atol=1e-5)
+
+
+def test_a_checkpoint_saved_before_the_first_step_resumes_at_another_layout(
+    runs: list[list[dict]],
+) -> None:
+    """Saved at step 0 (the optimizer holds no state yet) from 2 stages x 2 data ranks at
+    ZeRO 1 and 2: at 4 stages and at 1 stage x 4 data ranks it trains as the reference from
+    its start (it was refused as 'saved from another model')."""
+    ref = pr.reference(2, pc.GAS, 2, warmup=3)["losses"]
+    for r in (x[len(CASES) + 2] for x in runs):
+        assert len(r) == 4, r
+        for name, losses in r.items():
+            assert isinstance(losses, list), (name, losses)
+            torch.testing.assert_close(
+                torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=1e-5, msg=name
+            )
