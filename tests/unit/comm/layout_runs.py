@@ -107,3 +107,43 @@ def references(stages: list[int]) -> dict[tuple[int, int], dict]:
 
     rank = int(os.environ["RANK"])
     return {(s, v): train(s, data_rank=100 * v + rank) for s in stages for v in (0, 1)}
+
+
+def replica_checkpoints(root: str, stages: list[int]) -> dict[int, float]:
+    """ReplicaMpu, each model-parallel rank with weights of its own (as a Megatron model's
+    slices are): a checkpoint loads back each rank's own weights, at every ZeRO stage. The
+    model slices itself, so no AutoTP table is saved."""
+    from deepspeed_ext.comm import init_distributed
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+
+    init_distributed(verbose=False)
+    mpu = ReplicaMpu()
+    out = {}
+
+    def weights(engine: Any) -> dict[str, torch.Tensor]:
+        with GatheredParameters(list(engine.module.parameters())):
+            return {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+
+    for stage in stages:
+        cfg = {
+            "train_micro_batch_size_per_gpu": 4,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+            "zero_optimization": {"stage": stage},
+        }
+        engines = []
+        for seed in (mpu.get_model_parallel_rank(), 7):  # the saver's own; any other
+            torch.manual_seed(seed)
+            net = torch.nn.Sequential(
+                torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4)
+            )
+            engine, *_ = initialize(model=net, config=cfg, mpu=mpu)
+            engines.append(engine)
+        saver, loader = engines
+        saver.save_checkpoint(f"{root}/zero{stage}", tag="t")
+        loader.load_checkpoint(f"{root}/zero{stage}", tag="t")
+        want, got = weights(saver), weights(loader)
+        out[stage] = max(float((got[n] - want[n]).abs().max()) for n in want)
+        for e in engines:
+            e.destroy()
+    return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from tests.helpers.distributed import run_ranks
-from tests.unit.comm.layout_runs import grid_groups, references, replicas
+from tests.unit.comm.layout_runs import grid_groups, references, replica_checkpoints, replicas
 from tests.unit.comm.test_topology import formula_groups
 
 SHAPES = [(2, 2, 2), (4, 2, 1), (1, 2, 4), (2, 4, 1), (1, 8, 1)]
@@ -64,3 +64,11 @@ def test_zero_over_a_data_parallel_group_matches_two_ranks():
             torch.testing.assert_close(
                 torch.tensor(out[stage]["losses"]), torch.tensor(want["losses"]), atol=atol, rtol=0
             )
+
+
+def test_a_model_sliced_by_its_mpu_resumes_each_model_parallel_ranks_own_files(tmp_path):
+    """A Megatron-style mpu of model-parallel size 2 and no AutoTP: each model-parallel
+    rank loads its own file back (it loaded rank 0's on every rank: silently wrong weights
+    at ZeRO 0-2, a KeyError at ZeRO 3)."""
+    for out in run_ranks(replica_checkpoints, 4, str(tmp_path), [0, 1, 2, 3], timeout=300):
+        assert out == {0: 0.0, 1: 0.0, 2: 0.0, 3: 0.0}, out
