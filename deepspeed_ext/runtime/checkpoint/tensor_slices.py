@@ -38,6 +38,20 @@ def saved_size(state: dict[str, Any]) -> int:
     return int((state.get("tensor_parallel") or {}).get("size", 1))
 
 
+def saved_tensor_size(state: dict[str, Any]) -> int:
+    """The tensor-parallel size a pipeline checkpoint was saved at ([Note: pipeline
+    checkpoint]; older files: from the AutoTP slice table, else 1)."""
+    size = (state.get("pipeline") or {}).get("tensor_size")
+    if size is None:
+        size = (state.get("tensor_parallel") or {}).get("size", 1)
+    return int(size)
+
+
+def stage_file_rank(stage: int, tensor_rank: int, tensor_size: int) -> int:
+    """The model-parallel rank whose files hold a saved stage's tensor slice."""
+    return stage * tensor_size + tensor_rank
+
+
 def _table(state: dict[str, Any]) -> dict[str, list[Any]]:
     return dict((state.get("tensor_parallel") or {}).get("slices") or {})
 

@@ -26,7 +26,7 @@ from deepspeed_ext.zero.layout import GroupLayout
 
 from . import atomic, layout
 from .safe_load import CheckpointError
-from .tensor_slices import saved_size, whole_value
+from .tensor_slices import saved_size, saved_tensor_size, stage_file_rank, whole_value
 
 
 def _ckpt_dir(checkpoint_dir: str | Path, tag: str | None) -> Path:
@@ -151,31 +151,57 @@ def _iter_stage3(
 def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.Tensor]]:
     """A pipeline checkpoint ([Note: pipeline checkpoint]): the layers' files give names and
     shapes; fp32 masters come from each stage's ZeRO files (or a 16-bit stage-0 model's
-    master_weights; an fp32 stage-0 model's weights are its masters)."""
+    master_weights; an fp32 stage-0 model's weights are its masters). Under tensor slicing
+    each stage has a file set per tensor rank, its sliced parameters made whole from its
+    slice table ([Note: AutoTP checkpoints])."""
     from deepspeed_ext.zero.named_state import from_zero
 
     from .engine_io import RankFileReader
 
     seen: set[str] = set()
     first = _load_mmap(d / layout.model_states_name(0))
+    size = saved_tensor_size(first)
     for k in range(int(first["pipeline"]["num_stages"])):
-        st = _load_mmap(d / layout.model_states_name(k))
-        info = st["pipeline"]
+        ranks = [stage_file_rank(k, t, size) for t in range(size)]
+        states = [_load_mmap(d / layout.model_states_name(r)) for r in ranks]
+        st = states[0]
         if int(st.get("zero_stage") or 0) > 0:
-            masters = from_zero(RankFileReader(d, k, _load_mmap)).masters
+            masters = [from_zero(RankFileReader(d, r, _load_mmap)).masters for r in ranks]
         else:
-            masters = st.get("master_weights") or {}
+            masters = [s.get("master_weights") or {} for s in states]
+        table = dict((st.get("tensor_parallel") or {}).get("slices") or {})
         frozen = set(st.get("frozen_param_names") or [])
-        for idx, prefix in sorted(info["layer_prefixes"].items(), key=lambda x: int(x[0])):
-            files = sorted(d.glob(f"layer_{int(idx):02d}-*model_states.pt"))
-            for key, t in _load_mmap(files[0]).items():
+        for idx, prefix in sorted(
+            st["pipeline"]["layer_prefixes"].items(), key=lambda x: int(x[0])
+        ):
+            files = _layer_files(d, int(idx), size)
+            slices = [_load_mmap(f) for f in files]
+            for key in slices[0]:
                 name = prefix + key
                 if name in seen or (exclude_frozen and name in frozen):
                     continue
                 seen.add(name)
-                value = masters.get(name)
-                value = t if value is None else value.reshape(t.shape)
+                values = []
+                for m, sd in zip(masters, slices):
+                    master = m.get(name)
+                    values.append(sd[key] if master is None else master.reshape(sd[key].shape))
+                value = whole_value(name, values, table)
                 yield name, value.float().clone() if value.is_floating_point() else value.clone()
+
+
+def _layer_files(d: Path, idx: int, size: int) -> list[Path]:
+    """A layer's files, one per tensor rank in rank order (upstream's names: the rank's
+    model coordinate, `-model_XX-`, only where the topology has that axis)."""
+    files = sorted(d.glob(f"layer_{idx:02d}-*model_states.pt"))
+    if size == 1:
+        return files[:1]
+    by_rank = [[f for f in files if f"-model_{t:02d}-" in f.name] for t in range(size)]
+    missing = [t for t, fs in enumerate(by_rank) if not fs]
+    if missing:
+        raise FileNotFoundError(
+            f"{d}: layer {idx}'s file for tensor-parallel rank(s) {missing} is missing"
+        )
+    return [fs[0] for fs in by_rank]
 
 
 def _iter_tensor_parallel(

@@ -40,6 +40,7 @@ from deepspeed_ext.zero.named_state import NamedState, from_stage0, from_zero
 
 from ..checkpoint import RankFileReader, load_state_file
 from ..checkpoint.layout import model_states_name
+from ..checkpoint.tensor_slices import saved_tensor_size, stage_file_rank
 from .layer_files import layer_file, layer_path, local_layers, tied_file_index
 from .module import PipelineModule
 
@@ -69,6 +70,10 @@ def extras(engine: PipelineEngine) -> dict[str, Any]:
             "layout": module.pipe_layout,
             "parts": [int(x) for x in module.parts],
             "param_names": names() if names is not None else None,
+            # each stage's files come in tensor_size slices, model-parallel rank
+            # stage * tensor_size + tensor_rank (the layout's replica order)
+            "tensor_size": engine.layout.tensor.size,
+            "tensor_rank": engine.layout.tensor.rank,
             # global layer index -> its state-dict prefix (zero_to_fp32 names by it)
             "layer_prefixes": {str(i): prefix for _, i, _, prefix in local_layers(module)},
         },
@@ -119,6 +124,14 @@ def state_for_load(
             f"{ckpt_dir} was not written by a pipeline engine (no per-layer files): load it "
             "into the model it was saved from, or consolidate it with zero_to_fp32"
         )
+    tensor = saved_tensor_size(first)
+    if tensor != engine.layout.tensor.size:
+        raise CheckpointError(
+            f"{ckpt_dir} was saved at tensor-parallel size {tensor} and this run has "
+            f"{engine.layout.tensor.size}: a pipeline checkpoint resumes at any number of "
+            "stages and data-parallel ranks, but at the tensor-parallel size that saved it; "
+            f"resume with tensor_parallel.autotp_size {tensor}"
+        )
     module = _module(engine)
     same = stages == (engine.num_stages, module.virtual_stages, module.pipe_layout)
     state = load_state_file(path) if same else dict(first)
@@ -136,9 +149,18 @@ def load_optimizer(engine: PipelineEngine, state: dict[str, Any], files: Any) ->
         return
     ckpt_dir = Path(files.where)
     saved_stages = int(state["pipeline"]["num_stages"])
+    size, t = saved_tensor_size(state), engine.layout.tensor.rank  # the same size (above)
     named = NamedState()
     for k in range(saved_stages):
-        mine = load_state_file(ckpt_dir / model_states_name(k))
+        rank = stage_file_rank(k, t, size)
+        mine = load_state_file(ckpt_dir / model_states_name(rank))
+        if int(mine["pipeline"].get("tensor_rank", t)) != t:
+            raise CheckpointError(
+                f"{ckpt_dir / model_states_name(rank)} holds tensor-parallel rank "
+                f"{mine['pipeline']['tensor_rank']}'s slices, not {t}'s: the checkpoint's "
+                "ranks were laid out otherwise than stage-major; load_optimizer_states=False "
+                "takes the weights only"
+            )
         if int(mine.get("zero_stage") or 0) != engine.zero_optimization_stage():
             raise CheckpointError(
                 f"{ckpt_dir} was written with zero_optimization.stage {mine.get('zero_stage')} "
@@ -149,7 +171,7 @@ def load_optimizer(engine: PipelineEngine, state: dict[str, Any], files: Any) ->
             weights = _saved_stage_weights(ckpt_dir, mine, _module(engine))
             named.update(from_stage0(mine, mine["pipeline"]["param_names"], weights))
         else:
-            named.update(from_zero(RankFileReader(ckpt_dir, k)))
+            named.update(from_zero(RankFileReader(ckpt_dir, rank)))
     engine.strategy.load_named_state(engine.optimizer, named, ckpt_dir)
 
 

@@ -107,3 +107,17 @@ def test_the_guides_3d_config_runs_shrunk() -> None:
         assert r["stage"] == 2  # stage 3 under model parallelism runs as stage 2, and says so
         assert r["losses"][-1] < 0.9 * r["losses"][0], r["losses"]
         assert len(r["sliced"]) == 2 * 3  # each stage: 2 blocks x (up_proj w, b; down_proj w)
+
+
+def test_a_3d_checkpoint_resumes_at_another_stage_count_and_consolidates(tmp_path) -> None:
+    """TP 2 x PP 2 saved, TP 2 x PP 1 x DP 2 resumed: each rank reads its own tensor rank's
+    files of every saved stage (it read model-parallel rank k as stage k: the other tensor
+    rank's masters and optimizer state); zero_to_fp32 makes sliced weights whole (they came
+    back half-size, stage 1 missing); another tensor-parallel size is refused by name."""
+    out = run_ranks(tp_runs.restage_3d, 4, str(tmp_path), timeout=600)
+    for r in out:
+        assert r["loaded_err"] == 0.0, r
+        assert r["export_err"] == 0.0, r
+        assert r["export_names"] == r["loaded_names"], r
+        assert abs(r["resumed"] - r["continued"]) < 1e-5, r
+        assert "saved at tensor-parallel size 2 and this run has 1" in r["refused"], r

@@ -350,8 +350,10 @@ def _pipeline_3d_engine(
     pipeline: dict | None = None,
     v: bool = False,
     checkpointing: dict | None = None,
+    pp: int = 2,
+    tp: int = 2,
 ) -> Any:
-    """TP 2 x PP 2 x DP `dp` on the pipeline tests' tiny GPT (tied embedding and head), its
+    """TP `tp` x PP `pp` x DP `dp` on the pipeline tests' tiny GPT (tied embedding and head), its
     blocks' up / down layers sliced by partition_config rules (`v`: as a DualPipeVModule)."""
     from deepspeed_ext.comm.topology import PipeModelDataParallelTopology
     from deepspeed_ext.runtime.initialize import initialize
@@ -359,7 +361,7 @@ def _pipeline_3d_engine(
 
     module = pr.aux_pipe(  # with an additional loss on the last stage
         pr.specs(),
-        topology=PipeModelDataParallelTopology(num_pp=2, num_mp=2, num_dp=dp),
+        topology=PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp),
         loss_fn=pr.lm_loss,
         seed_layers=True,
         partition_method="uniform",
@@ -370,8 +372,9 @@ def _pipeline_3d_engine(
         "gradient_accumulation_steps": gas,
         "gradient_clipping": pr.CLIP,
         "zero_optimization": {"stage": zero},
-        "tensor_parallel": {"autotp_size": 2, "partition_config": _UP_DOWN},
     }
+    if tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": tp, "partition_config": _UP_DOWN}
     if pipeline is not None:
         cfg["pipeline"] = pipeline
     if checkpointing is not None:
@@ -638,3 +641,49 @@ def partitioned_checkpoints() -> dict:
     part = partition.split(torch.randn(MICRO, SEQ, 16), engine.layout.tensor)
     out["part_numel"] = part.data.numel() if isinstance(part, partition.Part) else None
     return out
+
+
+def restage_3d(root: str) -> dict:
+    """4 ranks: TP 2 x PP 2 (ZeRO 1) trains a batch and saves; TP 2 x PP 1 x DP 2 resumes
+    (every saved stage's files of its own tensor rank: weights, masters, optimizer state)
+    and takes the next batch as the saving run does; TP 1 x PP 2 x DP 2 is refused by name;
+    zero_to_fp32 makes every sliced weight whole."""
+    from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import (
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
+    from deepspeed_ext.utils.errors import CheckpointError
+    from tests.unit.runtime.pipe import pipe_runs as pr
+
+    def step(engine: Any, s: int) -> float:  # the same 2 micro-batches, over dp ranks
+        dp = engine.layout.data
+        mbs = pr.batches(s, 0, 2)[dp.rank :: dp.size]
+        return float(engine.train_batch(iter(mbs) if engine._needs_data() else None))
+
+    saver = _pipeline_3d_engine(2, 1, dp=1)
+    step(saver, 0)
+    saver.save_checkpoint(root, tag="t")
+    saved = {n: v.clone() for n, v in full_weights(saver).items()}  # this stage's
+    cont = step(saver, 1)
+    wide = _pipeline_3d_engine(1, 1, dp=2, pp=1)
+    wide.load_checkpoint(root, tag="t")
+    loaded = {n: v.clone() for n, v in full_weights(wide).items()}
+    errs = {n: float((loaded[n] - v).abs().max()) for n, v in saved.items()}
+    err = max(errs.values())
+    resumed = step(wide, 1)
+    refused = ""
+    try:
+        _pipeline_3d_engine(1, 1, dp=2, tp=1).load_checkpoint(root, tag="t")
+    except CheckpointError as e:
+        refused = str(e)
+    sd = get_fp32_state_dict_from_zero_checkpoint(root, tag="t")
+    export = max(float((sd[n] - v).abs().max()) for n, v in saved.items())
+    return {
+        "loaded_err": err,
+        "bad": {n: e for n, e in errs.items() if e},
+        "export_err": export,
+        "export_names": sorted(sd),
+        "loaded_names": sorted(loaded),
+        "continued": cont,
+        "resumed": resumed,
+        "refused": refused,
+    }
