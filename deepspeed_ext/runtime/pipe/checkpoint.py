@@ -5,8 +5,9 @@ Each stage writes one file per layer it owns, `layer_XX-model_states.pt` (XX the
 layer index; the layer's own state dict; a tied module under every layer index that uses
 it), through the module's save_state_dict ([Note: layer file hooks]: data-parallel rank 0,
 or with checkpoint.parallel_write.pipeline_stage each data-parallel rank a share), and its
-data-parallel rank 0 writes `mp_rank_XX_model_states.pt` (XX the stage) with module=None,
-the engine's counters, scheduler and loss scaler, and a `pipeline` entry: the stage count,
+data-parallel rank 0 writes `mp_rank_XX_model_states.pt` (XX the stage; under tensor
+slicing stage x tensor size + tensor rank, each tensor rank's layer files named by it)
+with module=None, the engine's counters, scheduler and loss scaler, and a `pipeline` entry: the stage count,
 the partition and the names of each optimizer group's params. ZeRO rank files are as without
 a pipeline, one set per stage.
 Loading at the same stage count reads this stage's files (another data-parallel size is
