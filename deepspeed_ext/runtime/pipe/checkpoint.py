@@ -7,9 +7,9 @@ it), through the module's save_state_dict ([Note: layer file hooks]: data-parall
 or with checkpoint.parallel_write.pipeline_stage each data-parallel rank a share), and its
 data-parallel rank 0 writes `mp_rank_XX_model_states.pt` (XX the stage; under tensor
 slicing stage x tensor size + tensor rank, each tensor rank's layer files named by it)
-with module=None, the engine's counters, scheduler and loss scaler, and a `pipeline` entry: the stage count,
-the partition and the names of each optimizer group's params. ZeRO rank files are as without
-a pipeline, one set per stage.
+with module=None, the engine's counters, scheduler and loss scaler, and a `pipeline`
+entry: the stage count, the partition and the names of each optimizer group's params.
+ZeRO rank files are as without a pipeline, one set per stage.
 Loading at the same stage count reads this stage's files (another data-parallel size is
 re-cut as usual). At another stage count each stage assembles its module from the layer
 files of the layers it now owns and its optimizer state by parameter name from every saved
