@@ -21,7 +21,9 @@ from .slicing import TensorSlice
 def slice_table(module: torch.nn.Module) -> dict[str, list[Any]]:
     """[Note: tensor-slice table]: name -> [dim, parts, size, full shape]."""
     out: dict[str, list[Any]] = {}
-    for name, p in module.named_parameters():
+    # every name of a tied parameter (a tied lm_head under its embedding's): the state dict
+    # holds each, and a resume or export makes each whole by its own name
+    for name, p in module.named_parameters(remove_duplicate=False):
         spec = getattr(p, "ds_tensor_slice", None)
         if spec is not None:
             out[name] = [spec.dim, list(spec.parts), spec.size, list(spec.full_shape)]
@@ -38,14 +40,21 @@ def full_state_dict(module: torch.nn.Module, axis: AxisGroup) -> dict[str, torch
     """The module's state dict with every sliced parameter whole (an all-gather over the
     tensor group per sliced parameter: every rank of the group calls it)."""
     out: dict[str, torch.Tensor] = {}
-    sliced = {name: p for name, p in module.named_parameters() if hasattr(p, "ds_tensor_slice")}
+    sliced = {
+        name: p
+        for name, p in module.named_parameters(remove_duplicate=False)  # tied names too
+        if hasattr(p, "ds_tensor_slice")
+    }
+    whole: dict[int, torch.Tensor] = {}  # a tied parameter gathered once
     for name, value in module.state_dict().items():
         p = sliced.get(name)
         if p is None:
             out[name] = value
             continue
-        local = p.detach().contiguous()
-        parts = [torch.empty_like(local) for _ in range(axis.size)]
-        all_gather(parts, local, group=axis)
-        out[name] = p.ds_tensor_slice.full(parts)
+        if id(p) not in whole:
+            local = p.detach().contiguous()
+            parts = [torch.empty_like(local) for _ in range(axis.size)]
+            all_gather(parts, local, group=axis)
+            whole[id(p)] = p.ds_tensor_slice.full(parts)
+        out[name] = whole[id(p)]
     return out

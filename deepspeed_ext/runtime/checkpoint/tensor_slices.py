@@ -120,7 +120,7 @@ def state_for_load(engine: Any, saved: list[dict[str, Any]]) -> dict[str, Any]:
     size (`saved`: every saved rank's file): its module made whole and cut for this rank."""
     first = saved[0]
     table = _table(first)
-    params = dict(engine.module.named_parameters())
+    params = dict(engine.module.named_parameters(remove_duplicate=False))  # tied names too
     module = {}
     for name in first["module"]:
         whole = whole_value(name, [s["module"][name] for s in saved], table)
@@ -148,7 +148,7 @@ def load_optimizer(engine: Any, ckpt_dir: Path, saved: list[dict[str, Any]], rea
             per_rank.append(from_stage0(state, names, state["module"]))
         else:
             per_rank.append(from_zero(reader(ckpt_dir, k)))
-    params = dict(engine.module.named_parameters())
+    params = dict(engine.module.named_parameters(remove_duplicate=False))  # tied names too
     out = NamedState()
     for name, master in per_rank[0].masters.items():
         whole = whole_value(name, [n.masters[name] for n in per_rank], table)

@@ -222,16 +222,35 @@ def _iter_tensor_parallel(
         masters = [s.get("master_weights") or {} for s in states]
     table = dict(first["tensor_parallel"]["slices"])
     frozen = set(first.get("frozen_param_names") or [])
+    tied = _tied_names(first["module"], masters[0])
     for name in first["module"]:
         if exclude_frozen and name in frozen:
             continue
         values = []
         for k, s in enumerate(states):
             saved = s["module"][name]
-            master = masters[k].get(name)
+            master = masters[k].get(tied.get(name, name))
             values.append(saved if master is None else master.reshape(saved.shape))
         value = whole_value(name, values, table)
         yield name, value.float().clone() if value.is_floating_point() else value.clone()
+
+
+def _tied_names(module: dict[str, Any], masters: dict[str, Any]) -> dict[str, str]:
+    """A tied parameter's other names (a tied lm_head) -> the name its master is kept
+    under: torch.save keeps the tensors' shared storage, which tells them apart."""
+    owner = {
+        (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)): n
+        for n, t in module.items()
+        if n in masters and torch.is_tensor(t)
+    }
+    out = {}
+    for n, t in module.items():
+        if n in masters or not torch.is_tensor(t):
+            continue
+        other = owner.get((t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape)))
+        if other is not None:
+            out[n] = other
+    return out
 
 
 def get_fp32_state_dict_from_zero_checkpoint(

@@ -262,7 +262,7 @@ def replicas_stay_identical() -> float:
     return worst
 
 
-def _ckpt_engine(zero: int, tp: int) -> Any:
+def _ckpt_engine(zero: int, tp: int, model: str = "llama") -> Any:
     import deepspeed
 
     config = {
@@ -271,7 +271,7 @@ def _ckpt_engine(zero: int, tp: int) -> Any:
         "zero_optimization": {"stage": zero},
         "tensor_parallel": {"autotp_size": tp},
     }
-    engine, *_ = deepspeed.initialize(model=llama(), config=config)
+    engine, *_ = deepspeed.initialize(model=MODELS[model](), config=config)
     return engine
 
 
@@ -286,12 +286,12 @@ def _steps(engine: Any, start: int, stop: int) -> list[float]:
     return out
 
 
-def ckpt_save(save_dir: str, zero: int, tp: int) -> dict:
+def ckpt_save(save_dir: str, zero: int, tp: int, model: str = "llama") -> dict:
     """Train 2 steps, save a checkpoint and a 16-bit export, train 2 more (the uninterrupted
     reference for a resume); the export loaded into the plain model gives the same logits."""
     from pathlib import Path
 
-    engine = _ckpt_engine(zero, tp)
+    engine = _ckpt_engine(zero, tp, model)
     _steps(engine, 0, 2)
     engine.save_checkpoint(save_dir, tag="t")
     engine.save_16bit_model(save_dir, "export.bin")
@@ -300,7 +300,7 @@ def ckpt_save(save_dir: str, zero: int, tp: int) -> dict:
         logits = engine(input_ids=ids).logits.float()
     export_err = None
     if int(os.environ["RANK"]) == 0:
-        plain = llama(seed=1)
+        plain = MODELS[model](seed=1)
         state = torch.load(Path(save_dir) / "export.bin", weights_only=True)
         plain.load_state_dict(state)
         with torch.no_grad():
@@ -310,15 +310,15 @@ def ckpt_save(save_dir: str, zero: int, tp: int) -> dict:
     return {"after": after, "export_err": export_err}
 
 
-def ckpt_resume(save_dir: str, zero: int, tp: int) -> list[float]:
-    engine = _ckpt_engine(zero, tp)
+def ckpt_resume(save_dir: str, zero: int, tp: int, model: str = "llama") -> list[float]:
+    engine = _ckpt_engine(zero, tp, model)
     engine.load_checkpoint(save_dir, tag="t")
     out = _steps(engine, 2, 4)
     engine.destroy()
     return out
 
 
-def fp32_export_logits(save_dir: str) -> float:
+def fp32_export_logits(save_dir: str, model: str = "llama") -> float:
     """zero_to_fp32 of a sliced checkpoint loaded into the plain model: its logits against
     the 16-bit export's (fp32 training: the same weights)."""
     from pathlib import Path
@@ -326,7 +326,7 @@ def fp32_export_logits(save_dir: str) -> float:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
     ids = tokens(9, 0)
-    a, b = llama(seed=1), llama(seed=2)
+    a, b = MODELS[model](seed=1), MODELS[model](seed=2)
     a.load_state_dict(get_fp32_state_dict_from_zero_checkpoint(save_dir, tag="t"))
     b.load_state_dict(torch.load(Path(save_dir) / "export.bin", weights_only=True))
     with torch.no_grad():
