@@ -22,10 +22,10 @@ from . import plan
 from .layers import (
     LinearAllreduce,
     LinearLayer,
-    VocabParallelEmbedding,
     is_conv1d,
     is_linear_like,
     out_dim,
+    vocab_parallel,
 )
 from .slicing import TensorSlice
 
@@ -97,7 +97,7 @@ def _slice_layer(
         assert isinstance(module, torch.nn.Embedding)
         shape = tuple(module.weight.shape)
         spec = TensorSlice.plan(f"{name}.weight", shape, 0, None, axis.size, axis.rank, 1, "rows")
-        return VocabParallelEmbedding(module, axis, spec)
+        return vocab_parallel(module, axis, spec)
     w, bias = module.weight, module.bias
     assert isinstance(w, torch.Tensor) and (bias is None or isinstance(bias, torch.Tensor))
     dim = _dim(module, rule)

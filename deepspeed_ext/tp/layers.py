@@ -11,7 +11,7 @@ still points at them, and state_dict keys stay the model's. A sliced Parameter c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -118,6 +118,22 @@ class LinearAllreduce(_Sliced):
         return out + self.bias if self.bias is not None else out
 
 
+def _lookup(
+    ids: torch.Tensor,
+    weight: torch.Tensor,
+    start: int,
+    padding: int | None,
+    scale_grad_by_freq: bool,
+    axis: AxisGroup,
+) -> torch.Tensor:
+    """Each rank looks up the ids in its rows [start, start + rows) and zeroes the others;
+    the sum over the tensor group makes every row's (the gradient reaches each rank's own)."""
+    outside = (ids < start) | (ids >= start + weight.shape[0])
+    local = (ids - start).masked_fill(outside, 0)
+    out = F.embedding(local, weight, padding, scale_grad_by_freq=scale_grad_by_freq)
+    return reduce_from(out.masked_fill(outside.unsqueeze(-1), 0.0), axis)
+
+
 class VocabParallelEmbedding(torch.nn.Module):
     """An embedding whose vocabulary rows are cut: each rank looks up the ids in its range,
     zeroes the others, and the partial results are summed over the tensor group (the
@@ -155,15 +171,55 @@ class VocabParallelEmbedding(torch.nn.Module):
         return int(self.weight.shape[1])
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        outside = (ids < self.start) | (ids >= self.start + self.weight.shape[0])
-        local = (ids - self.start).masked_fill(outside, 0)
-        out = F.embedding(
-            local, self.weight, self.local_padding, scale_grad_by_freq=self.scale_grad_by_freq
+        return _lookup(
+            ids, self.weight, self.start, self.local_padding, self.scale_grad_by_freq, self.axis
         )
-        return reduce_from(out.masked_fill(outside.unsqueeze(-1), 0.0), self.axis)
 
     def extra_repr(self) -> str:
         return f"{self.full_vocab}, {self.embedding_dim}, tp_size={self.axis.size}"
+
+
+class _VocabParallelLookup(torch.nn.Embedding):
+    """nn.Embedding's lookup, vocabulary-parallel (VocabParallelEmbedding's), under an
+    embedding subclass that computes more around it: in the class vocab_parallel makes,
+    the subclass's `super().forward(ids)` lands here (Gemma's scaled embedding
+    multiplies this by its embed_scale)."""
+
+    _tp_axis: AxisGroup
+    _tp_start: int
+    _tp_vocab: int
+    _tp_padding: int | None
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _lookup(
+            ids, self.weight, self._tp_start, self._tp_padding, self.scale_grad_by_freq,
+            self._tp_axis,
+        )  # fmt: skip
+
+
+def vocab_parallel(
+    module: torch.nn.Embedding, axis: AxisGroup, weight_slice: TensorSlice
+) -> torch.nn.Module:
+    """The embedding cut by vocabulary. A plain nn.Embedding becomes a VocabParallelEmbedding;
+    a subclass with a forward of its own (Gemma's embedding scales what it looks up) keeps
+    its class and forward, its lookup made vocabulary-parallel underneath: replacing it
+    would drop what its forward adds."""
+    if type(module).forward is torch.nn.Embedding.forward:
+        return VocabParallelEmbedding(module, axis, weight_slice)
+    if module.max_norm is not None or module.sparse:
+        raise ValueError(
+            "a vocabulary-parallel embedding with max_norm or sparse gradients is not "
+            "built; leave the embedding whole (a partition_config skip rule)"
+        )
+    cls = type(module)
+    module.__class__ = type(f"VocabParallel{cls.__name__}", (cls, _VocabParallelLookup), {})
+    m = cast(_VocabParallelLookup, module)
+    _cut(cast(torch.nn.Parameter, m.weight), weight_slice)
+    rows = int(m.weight.shape[0])
+    m._tp_axis, m._tp_start, m._tp_vocab = axis, axis.rank * rows, int(weight_slice.full_shape[0])
+    local = None if m.padding_idx is None else m.padding_idx - m._tp_start
+    m._tp_padding = local if local is not None and 0 <= local < rows else None
+    return m
 
 
 def sliced_params(module: torch.nn.Module) -> list[Any]:

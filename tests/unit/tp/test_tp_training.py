@@ -49,6 +49,7 @@ def two_ranks() -> list[list[dict]]:
         ("gpt2", 2, 2, 1.0, "bf16"),
         ("llama_tied", 1, 2),  # embedding and head share a weight: cut once, by vocabulary
         ("llama", 1, 2, 1.0, "fp16"),
+        ("gemma", 1, 2),  # a scaled embedding cut by vocabulary keeps its scale
     ]
     return run_ranks(tp_runs.scenarios, 2, cases, timeout=400)
 
@@ -62,6 +63,7 @@ CASES = [
     "gpt2-z2-bf16",
     "llama_tied-z1",
     "llama-z1-fp16",
+    "gemma-z1",
 ]
 
 

@@ -55,7 +55,27 @@ def gpt2(seed: int = 0) -> torch.nn.Module:
     return GPT2LMHeadModel(cfg)
 
 
-MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied}
+def gemma(seed: int = 0) -> torch.nn.Module:
+    """Its embedding scales what it looks up (sqrt(hidden)): a forward of its own that a
+    vocabulary cut must keep; no preset, so the model's own tp_plan cuts it."""
+    from transformers import GemmaConfig, GemmaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = GemmaConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
+    return GemmaForCausalLM(cfg)
+
+
+MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied, "gemma": gemma}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
