@@ -9,6 +9,7 @@ attention modules that split a fused projection by a stored width learn the loca
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ logger = logging.getLogger("deepspeed_ext")
 _ATTENTION = re.compile(r"(^|\.)(attn|attention|self_attn|self_attention)(\.|$)")
 # per-module widths and head counts that a sliced attention module must see as local
 _LOCAL_ATTRS = ("split_size", "num_heads", "n_head", "num_attention_heads", "num_key_value_heads")
+_CONFIG_HEADS = ("n_head", "num_attention_heads", "num_key_value_heads")  # ... in a config
 
 
 @dataclass
@@ -144,6 +146,22 @@ def _localize(model: torch.nn.Module, names: list[str], size: int) -> None:
             value = getattr(parent, attr, None)
             if type(value) is int and value % size == 0:
                 setattr(parent, attr, value // size)
+        _localize_config(parent, size)
+
+
+def _localize_config(parent: torch.nn.Module, size: int) -> None:
+    """An attention module that reads head counts from the model's shared config (Phi-3
+    splits its fused q/k/v output at config.num_attention_heads * head_dim) gets a copy of
+    it with this rank's counts; the other modules keep reading the whole model's."""
+    cfg = getattr(parent, "config", None)
+    counts = {a: getattr(cfg, a, None) for a in _LOCAL_ATTRS if a in _CONFIG_HEADS}
+    local = {a: v // size for a, v in counts.items() if type(v) is int and v % size == 0}
+    if cfg is None or not local:
+        return
+    own = copy.copy(cfg)
+    for attr, value in local.items():
+        setattr(own, attr, value)
+    parent.config = own
 
 
 def _fits(name: str, module: torch.nn.Module, rule: plan.LayerRule) -> bool:

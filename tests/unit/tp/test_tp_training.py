@@ -50,6 +50,7 @@ def two_ranks() -> list[list[dict]]:
         ("llama_tied", 1, 2),  # embedding and head share a weight: cut once, by vocabulary
         ("llama", 1, 2, 1.0, "fp16"),
         ("gemma", 1, 2),  # a scaled embedding cut by vocabulary keeps its scale
+        ("phi3", 1, 2),  # its attention splits q/k/v at the config's (now local) head counts
     ]
     return run_ranks(tp_runs.scenarios, 2, cases, timeout=400)
 
@@ -64,6 +65,7 @@ CASES = [
     "llama_tied-z1",
     "llama-z1-fp16",
     "gemma-z1",
+    "phi3-z1",
 ]
 
 

@@ -75,7 +75,27 @@ def gemma(seed: int = 0) -> torch.nn.Module:
     return GemmaForCausalLM(cfg)
 
 
-MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied, "gemma": gemma}
+def phi3(seed: int = 0) -> torch.nn.Module:
+    """A fused q/k/v projection whose output its attention splits at the config's head
+    counts."""
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Phi3Config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        pad_token_id=0,
+        attn_implementation="eager",
+    )
+    return Phi3ForCausalLM(cfg)
+
+
+MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied, "gemma": gemma, "phi3": phi3}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
