@@ -40,10 +40,13 @@ def saved_size(state: dict[str, Any]) -> int:
 
 def saved_tensor_size(state: dict[str, Any]) -> int:
     """The tensor-parallel size a pipeline checkpoint was saved at ([Note: pipeline
-    checkpoint]; older files: from the AutoTP slice table, else 1)."""
+    checkpoint]; older files: from the AutoTP slice table; upstream's: its recorded
+    tp_degree; else 1)."""
     size = (state.get("pipeline") or {}).get("tensor_size")
     if size is None:
-        size = (state.get("tensor_parallel") or {}).get("size", 1)
+        size = (state.get("tensor_parallel") or {}).get("size")
+    if size is None:
+        size = (state.get("checkpoint_parallel_dimensions") or {}).get("tp_degree", 1)
     return int(size)
 
 
