@@ -234,8 +234,10 @@ class DataParallelStrategy:
         for cg, mg, pnames in zip(current["param_groups"], self.model_groups, self.param_names()):
             missing_names(named, pnames, where)
             for pid, n, p in zip(cg["params"], pnames, mg["params"]):
-                state[pid] = {
-                    k: v.reshape(p.shape).clone() if is_per_element(k, v, p.numel()) else v
+                state[pid] = {  # each its own tensors (torch's Adam adds to `step` in place)
+                    k: v.reshape(p.shape).clone()
+                    if is_per_element(k, v, p.numel())
+                    else (v.clone() if torch.is_tensor(v) else v)
                     for k, v in named.state[n].items()
                 }
             groups.append({**named.options[pnames[0]], "params": cg["params"]})

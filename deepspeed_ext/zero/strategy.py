@@ -270,9 +270,9 @@ class ZeroStrategy:
                     cut = chunks_for(lay, self.rank, {n: named.state[n][key] for n in names})
                     for pid, c in zip(ids, cut):
                         state.setdefault(pid, {})[key] = c
-                else:
+                else:  # each its own (torch's Adam adds to `step` in place, per param)
                     for pid in ids:
-                        state.setdefault(pid, {})[key] = value
+                        state.setdefault(pid, {})[key] = _own(value)
             groups[i] = {**named.options[names[0]], "params": current["param_groups"][i]["params"]}
         optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.load_master_partitions(masters)
@@ -291,3 +291,7 @@ class ZeroStrategy:
         then = [GroupLayout.from_dict(d) for d in saved]
         if [d.slots for d in now] != [d.slots for d in then]:
             raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")
+
+
+def _own(value: Any) -> Any:
+    return value.clone() if torch.is_tensor(value) else value

@@ -143,7 +143,11 @@ RESHARD_CFG = {
 }
 
 
-def _reshard_run(save_dir: str, first: int, n: int, save: bool, stage: int = 2) -> dict:
+def _reshard_run(
+    save_dir: str, first: int, n: int, save: bool, stage: int = 2, client: bool = False
+) -> dict:
+    """client: torch's AdamW object instead of the config's optimizer (its `step` is a
+    tensor per parameter, which torch adds to in place)."""
     import os
 
     from deepspeed_ext.runtime.initialize import initialize
@@ -152,7 +156,11 @@ def _reshard_run(save_dir: str, first: int, n: int, save: bool, stage: int = 2) 
     world = int(os.environ["WORLD_SIZE"])
     zero = {"stage": stage, "reduce_bucket_size": 300, "stage3_param_persistence_threshold": 0}
     cfg = {**RESHARD_CFG, "train_micro_batch_size_per_gpu": 8 // world, "zero_optimization": zero}
-    engine, *_ = initialize(model=Net(), config=cfg)
+    model, opt = Net(), None
+    if client:
+        del cfg["optimizer"]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    engine, *_ = initialize(model=model, config=cfg, optimizer=opt)
     if first:
         engine.load_checkpoint(save_dir)
     _global_steps(engine, first, n)
@@ -161,11 +169,16 @@ def _reshard_run(save_dir: str, first: int, n: int, save: bool, stage: int = 2) 
     return full_state(engine.module)
 
 
-@pytest.mark.parametrize(("stage", "new_world"), [(2, 1), (2, 4), (3, 1), (3, 4)])
-def test_resume_at_another_world_size(stage, new_world, tmp_path):
-    want = run_ranks(_reshard_run, 2, str(tmp_path / "unused"), 0, 6, False, stage)[0]
-    run_ranks(_reshard_run, 2, str(tmp_path), 0, 3, True, stage)
-    got = run_ranks(_reshard_run, new_world, str(tmp_path), 3, 3, False, stage)
+@pytest.mark.parametrize(
+    ("stage", "new_world", "client"),
+    [(2, 1, False), (2, 4, False), (3, 1, False), (3, 4, False), (1, 1, True)],
+    ids=["2-1", "2-4", "3-1", "3-4", "1-1-torch_adamw"],  # torch's: each chunk its own step
+)
+def test_resume_at_another_world_size(stage, new_world, client, tmp_path):
+    args = (stage, client)
+    want = run_ranks(_reshard_run, 2, str(tmp_path / "unused"), 0, 6, False, *args)[0]
+    run_ranks(_reshard_run, 2, str(tmp_path), 0, 3, True, *args)
+    got = run_ranks(_reshard_run, new_world, str(tmp_path), 3, 3, False, *args)
     for r in got[1:]:
         for n, p in r.items():
             assert torch.equal(p, got[0][n]), f"ranks diverged on {n}"
