@@ -58,6 +58,22 @@ def _rng_state() -> dict[str, Any]:
     return out
 
 
+def _warn_mid_accumulation(engine: Any) -> None:
+    """A checkpoint holds no gradients: saved between a batch's micro-steps, its resume
+    steps at that batch's boundary with the later micro-batches' gradients alone."""
+    gas = int(engine.gradient_accumulation_steps())
+    # counted from the last batch-size change, as is_gradient_accumulation_boundary counts
+    micro = int(engine.micro_steps) - int(getattr(engine, "_window_start", 0))
+    if gas > 1 and micro % gas and engine.rank == 0:
+        logger.warning(
+            f"save_checkpoint at micro-step {micro % gas} of {gas} "
+            "(gradient_accumulation_steps): the gradients this batch has accumulated are "
+            "not saved, so a resume steps at this batch's boundary with the remaining "
+            f"{gas - micro % gas} micro-batch(es)' gradients only. Save after engine.step() "
+            "completes a batch (micro_steps a multiple of gradient_accumulation_steps)"
+        )
+
+
 def save_checkpoint(
     engine: Any,
     save_dir: str | Path,
@@ -75,6 +91,7 @@ def save_checkpoint(
             f"client_state keys {sorted(clash)} are reserved by the engine; rename them"
         )
     validate_tag(tag, str(engine.config.checkpoint.tag_validation))
+    _warn_mid_accumulation(engine)
     stage = engine.zero_optimization_stage()
     # files are named by data-parallel rank and model-parallel rank (upstream's layout)
     dp_rank, mp_rank = engine.dp_rank, engine.layout.model.rank

@@ -183,3 +183,40 @@ def _reserved_key(save_dir: str) -> str:
 def test_client_state_may_not_overwrite_engine_keys(tmp_path):
     (msg,) = run_ranks(_reserved_key, 1, str(tmp_path))
     assert "global_steps" in msg and "reserved" in msg
+
+
+def _mid_accumulation(save_dir: str) -> list[bool]:
+    """Saves after micro-steps 1, 2 and 3 of a 3-step accumulation: whether each warned."""
+    import logging
+
+    import torch
+
+    from deepspeed_ext.runtime.initialize import initialize
+
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 3,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
+    engine, *_ = initialize(model=mlp(), config=config)
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("deepspeed_ext").addHandler(handler)
+    warned = []
+    for i in range(3):
+        x = torch.randn(1, 16)
+        engine.backward(engine(x).pow(2).mean())
+        engine.step()
+        seen.clear()
+        engine.save_checkpoint(save_dir, tag=f"t{i}")
+        warned.append(any("gradients this batch has accumulated" in m for m in seen))
+    return warned
+
+
+def test_a_save_mid_accumulation_says_its_gradients_are_not_saved(tmp_path):
+    """A checkpoint holds no gradients: saved mid-batch, the resume would step with the
+    later micro-batches' alone; the save says so (it was silent), and a save at the
+    boundary does not."""
+    (warned,) = run_ranks(_mid_accumulation, 1, str(tmp_path))
+    assert warned == [True, True, False]
