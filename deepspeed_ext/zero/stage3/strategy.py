@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import collective_device, sum_tensor_over
+from deepspeed_ext.comm import collective_device, group_broadcast, sum_tensor_over
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 
@@ -32,6 +32,7 @@ from .param import (
     ensure_storage,
     is_zero_param,
     new_flat,
+    own_slice,
     read_shard,
     set_full,
     write_shard,
@@ -105,6 +106,7 @@ class Stage3Strategy:
         # persistence is fixed at partitioning: these stay gathered and are refreshed
         params: list[Any] = list(module.parameters())
         self.persistent = [p for p in params if p.ds_persist]
+        self._shards_from_whole()
         self.group_options: list[dict[str, Any]] = []
         self.group_params: list[list[Any]] = []
         for g in model_groups:
@@ -143,6 +145,18 @@ class Stage3Strategy:
         self.mixed_grads_ok = False
 
     # -- construction --
+    @torch.no_grad()
+    def _shards_from_whole(self) -> None:
+        """A persistent parameter's whole value is what forward reads. An in-place edit made
+        after zero.Init built it (a model's post-construction init outside
+        GatheredParameters, as a Hugging Face model built under zero.Init makes) reached
+        the whole value but not the shard the masters start from, and the first step then
+        put the old value back: data-parallel rank 0's whole value becomes every rank's,
+        and each shard is cut from it."""
+        for p in self.persistent:
+            group_broadcast(p.data, self.dp)
+            p.ds_tensor.copy_(own_slice(p.data.reshape(-1), self.dp.rank, self.dp.size))
+
     @torch.no_grad()
     def _partition_all(self, module: torch.nn.Module, device: torch.device) -> None:
         """Partition what zero.Init did not, in module order (ds_id equal on every rank)."""

@@ -96,3 +96,12 @@ def test_order_check_all_names_the_first_differing_gather():
     for r in out:
         assert r["error"] is not None, "the divergence went unnoticed"
         assert "module 'blocks.1.ln1'" in r["error"] and "module 'ln_f'" in r["error"], r
+
+
+def test_an_edit_after_init_to_a_whole_parameter_reaches_its_masters():
+    """It reached the whole value forward reads but not the shard the masters start from,
+    so the first step put the constructor's value back (a Hugging Face model built under
+    zero.Init re-initializes its small parameters so, and then trained on a mix)."""
+    for r in run_ranks(runs.edit_after_init, 2):
+        assert r["persist"]
+        assert torch.equal(r["after"], torch.full((16, 16), 0.5)), r["after"].mean()

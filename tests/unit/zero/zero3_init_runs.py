@@ -229,3 +229,33 @@ def rank1_skips_a_block() -> dict:
     except RankDivergenceError as exc:
         return {"error": str(exc)}
     return {"error": None}
+
+
+def edit_after_init() -> dict:
+    """A small (kept whole) parameter of a zero.Init-built model edited in place after its
+    module was built, outside GatheredParameters (a model's post-construction init): the
+    masters start from the edited value, so a step at lr 0 leaves it."""
+    from torch import nn
+
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import Init
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
+        "zero_optimization": {"stage": 3},
+    }
+    torch.manual_seed(0)
+    with Init(config_dict_or_path=cfg):
+        small = nn.Linear(16, 16)
+        model = nn.Sequential(small, nn.Tanh(), nn.Linear(16, 4))
+    with torch.no_grad():
+        small.weight.fill_(0.5)
+    engine, *_ = initialize(model=model, config=cfg)
+    loss = engine(torch.randn(2, 16)).pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    return {
+        "persist": bool(small.weight.ds_persist),
+        "after": full_state(engine.module)["0.weight"],
+    }
