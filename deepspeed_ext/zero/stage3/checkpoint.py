@@ -113,8 +113,37 @@ class _Cut:
 
 
 @torch.no_grad()
+def load_whole_module(s: Stage3Strategy, state: dict[str, Any], files: RankFiles) -> None:
+    """A checkpoint of another stage holds the whole module in its model-states file: each
+    parameter's shard and fp32 master are cut from it (the optimizer state, laid out by
+    that stage, is refused by load_optimizer unless the load takes the module only)."""
+    saved = state["module"]
+    named = list(s.module.named_parameters())
+    missing = [n for n, _ in named if n not in saved]
+    if missing:
+        raise CheckpointError(
+            f"{files.where} (zero_optimization.stage {state.get('zero_stage')}) has no saved "
+            f"values for parameters {missing[:5]}: it was saved from another model"
+        )
+    s.module.load_state_dict({k: v for k, v in saved.items() if k not in dict(named)}, strict=False)
+    for n, p in named:
+        whole = saved[n].reshape(-1).to(p.dtype)
+        write_shard(p, own_slice(whole, s.rank, s.world))
+        if getattr(p, "ds_persist", False):  # kept whole: forward reads this, not the shard
+            p.data.copy_(whole.view_as(p.data))
+    with s.resident_optimizer():
+        for n, p in named:
+            if id(p) in s.trainable_ids:
+                s.master_of(p).copy_(own_slice(saved[n].reshape(-1).float(), s.rank, s.world))
+
+
+@torch.no_grad()
 def load_weights(s: Stage3Strategy, state: dict[str, Any], files: RankFiles) -> None:
-    """Buffers, parameter shards and fp32 masters, re-cut when the size differs."""
+    """Buffers, parameter shards and fp32 masters, re-cut when the size differs; from a
+    checkpoint of another stage, cut from its whole module."""
+    if not state.get("zero3_params") and isinstance(state.get("module"), dict):
+        load_whole_module(s, state, files)
+        return
     check_stage3(state, files)
     s.module.load_state_dict(state["module"], strict=False)  # the buffers
     cut = _Cut(s, state, files)
@@ -135,6 +164,14 @@ def load_weights(s: Stage3Strategy, state: dict[str, Any], files: RankFiles) -> 
 def load_optimizer(
     s: Stage3Strategy, optimizer: Any, state: dict[str, Any], files: RankFiles
 ) -> None:
+    if not state.get("zero3_params"):  # another stage's state: its own layout
+        raise CheckpointError(
+            f"{files.where} was written with zero_optimization.stage "
+            f"{state.get('zero_stage')} and this engine runs stage 3: its weights load (they "
+            "did), its optimizer state does not. Pass load_optimizer_states=False (or "
+            "load_module_only=True) to start the optimizer afresh from these weights, or "
+            "resume with the stage that saved it"
+        )
     cut = _Cut(s, state, files)
     with s.resident_optimizer():
         sd = cut.parts[0]["optimizer_state_dict"]

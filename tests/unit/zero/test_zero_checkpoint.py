@@ -193,3 +193,46 @@ def Net_params() -> dict:  # noqa: N802 - reads as the module's initial params
     from tests.unit.zero.zero_runs import Net
 
     return {n: p.detach() for n, p in Net().named_parameters()}
+
+
+def _stage2_into_stage3(save_dir: str, stage: int, how: str) -> dict:
+    """Stage 2 trains a step and saves; stage 3 loads its whole module (module only, or
+    without optimizer state), or is refused its optimizer state."""
+    import os
+
+    from deepspeed_ext.runtime.checkpoint import CheckpointError
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import GatheredParameters
+    from tests.unit.zero.zero_runs import Net
+
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 10}  # head.bias kept whole
+    cfg = {**RESHARD_CFG, "train_micro_batch_size_per_gpu": 4, "zero_optimization": zero}
+    engine, *_ = initialize(model=Net(), config=cfg)
+    if stage == 2:
+        _global_steps(engine, 0, 1)
+        engine.save_checkpoint(save_dir)
+        return full_state(engine.module)
+    try:
+        if how == "module":
+            engine.load_checkpoint(save_dir, load_module_only=True)
+        else:
+            engine.load_checkpoint(save_dir, load_optimizer_states=how == "full")
+    except CheckpointError as e:
+        return {"error": str(e)}
+    with GatheredParameters(list(engine.module.parameters())):
+        got = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
+    _global_steps(engine, 1, 1)  # and it trains on
+    return {"weights": got, "rank": int(os.environ["RANK"])}
+
+
+def test_a_stage2_checkpoint_loads_its_weights_into_stage3(tmp_path):
+    """Its model-states file holds the whole module: stage 3 cuts its shards and masters
+    from it (it was refused, 'parameters partitioned by stage 3 load only into stage 3');
+    the optimizer state, laid out by stage 2, is refused by name."""
+    want = run_ranks(_stage2_into_stage3, 2, str(tmp_path), 2, "")[0]
+    for how in ("module", "no_optimizer"):
+        for r in run_ranks(_stage2_into_stage3, 2, str(tmp_path), 3, how):
+            for n, v in want.items():
+                assert torch.equal(r["weights"][n], v), (how, n)
+    for r in run_ranks(_stage2_into_stage3, 2, str(tmp_path), 3, "full"):
+        assert "load_optimizer_states=False" in r["error"], r
