@@ -14,13 +14,18 @@ A gradient is there between the backward that ends an accumulation window and st
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import torch
 
 from deepspeed_ext.comm import AxisGroup, all_gather
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,19 @@ def _strategy(param: Any) -> Any:
     return strategy
 
 
+def _with_access(fn: F) -> F:
+    """Run an accessor inside its strategy's fragment_access() where it has one (stage 3
+    with NVMe optimizer offload swaps the masters and state in, and back out after)."""
+
+    @functools.wraps(fn)
+    def run(param: Any, *args: Any) -> Any:
+        access = getattr(_strategy(param), "fragment_access", None)
+        with access() if access is not None else contextlib.nullcontext():
+            return fn(param, *args)
+
+    return cast(F, run)
+
+
 def _owner(param: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
     """which: "param" (fp32 master), "grad", or an optimizer state key ("exp_avg")."""
     strategy = _strategy(param)
@@ -104,21 +122,25 @@ def _owner(param: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
     return found
 
 
+@_with_access
 def safe_get_full_fp32_param(param: Any) -> torch.Tensor | None:
     found = _owner(param, "param")
     return found[0].full(found[1]) if found else None
 
 
+@_with_access
 def safe_get_full_grad(param: Any) -> torch.Tensor | None:
     found = _owner(param, "grad")
     return found[0].full(found[1]) if found else None
 
 
+@_with_access
 def safe_get_full_optimizer_state(param: Any, optim_state_key: str) -> torch.Tensor | None:
     found = _owner(param, optim_state_key)
     return found[0].full(found[1]) if found else None
 
 
+@_with_access
 def safe_set_full_fp32_param(param: Any, value: torch.Tensor) -> None:
     """Every data-parallel rank calls it with the same value; the model's copy follows."""
     found = _owner(param, "param")
@@ -128,27 +150,32 @@ def safe_set_full_fp32_param(param: Any, value: torch.Tensor) -> None:
     _strategy(param).write_model_param(param, value)
 
 
+@_with_access
 def safe_set_full_optimizer_state(param: Any, value: torch.Tensor, optim_state_key: str) -> None:
     found = _owner(param, optim_state_key)
     assert found is not None
     found[0].set_full(found[1], value)
 
 
+@_with_access
 def safe_get_local_fp32_param(param: Any) -> torch.Tensor | None:
     found = _owner(param, "param")
     return found[0].local(found[1]) if found else None
 
 
+@_with_access
 def safe_get_local_grad(param: Any) -> torch.Tensor | None:
     found = _owner(param, "grad")
     return found[0].local(found[1]) if found else None
 
 
+@_with_access
 def safe_get_local_optimizer_state(param: Any, optim_state_key: str) -> torch.Tensor | None:
     found = _owner(param, optim_state_key)
     return found[0].local(found[1]) if found else None
 
 
+@_with_access
 def safe_set_local_fp32_param(param: Any, value: torch.Tensor) -> None:
     """This rank's part only; the model's copy is refreshed at the next step (stages 1-3) or
     now (stage 0)."""
@@ -160,6 +187,7 @@ def safe_set_local_fp32_param(param: Any, value: torch.Tensor) -> None:
         _strategy(param).write_model_param(param, value)
 
 
+@_with_access
 def safe_set_local_optimizer_state(param: Any, value: torch.Tensor, optim_state_key: str) -> None:
     found = _owner(param, optim_state_key)
     assert found is not None

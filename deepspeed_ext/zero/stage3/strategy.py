@@ -7,6 +7,8 @@ re-gathered)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -106,6 +108,7 @@ class Stage3Strategy:
         # persistence is fixed at partitioning: these stay gathered and are refreshed
         params: list[Any] = list(module.parameters())
         self.persistent = [p for p in params if p.ds_persist]
+        self._fragments_resident = 0  # fragment_access() depth
         self._shards_from_whole()
         self.group_options: list[dict[str, Any]] = []
         self.group_params: list[list[Any]] = []
@@ -349,12 +352,21 @@ class Stage3Strategy:
                 "way through its step; call engine.step() first"
             )
 
+    @contextlib.contextmanager
+    def fragment_access(self) -> Iterator[None]:
+        """The fp32 masters and optimizer state in memory while a safe_get_* / safe_set_*
+        accessor reads or writes them (offload_optimizer nvme: read in, written back)."""
+        with self.resident_optimizer():
+            self._fragments_resident += 1
+            try:
+                yield
+            finally:
+                self._fragments_resident -= 1
+
     def resident_optimizer(self) -> Any:
         """A context in which the optimizer's state is all in memory (checkpoints)."""
         self._backward_steps_closed("a checkpoint save or load")
         self.settle()
-        import contextlib
-
         swap = self.optimizer_swap
         return swap.resident() if swap is not None else contextlib.nullcontext()
 
@@ -549,10 +561,10 @@ class Stage3Strategy:
     def fragment_owner(self, p: Any, which: str) -> tuple[Fragment, torch.Tensor] | None:
         if id(p) not in self.trainable_ids:
             return None
-        if self.optimizer_swap is not None:
-            raise ValueError(
+        if self.optimizer_swap is not None and not self._fragments_resident:
+            raise ValueError(  # zero/fragments.py's accessors read it inside fragment_access
                 "the fp32 masters and optimizer states live in NVMe swap files "
-                "(offload_optimizer nvme): read them from a checkpoint instead"
+                "(offload_optimizer nvme): read them inside strategy.fragment_access()"
             )
         master = self.masters[id(p)]
         owner = state_owner(self.optimizer, master, which, self.reducer.part_of(p))

@@ -13,7 +13,8 @@ from tests.unit.runtime.models import batch, mlp
 NAMES = ("2.weight", "4.bias", "0.bias")
 
 
-def fragments(stage: int, bf16: bool) -> dict[str, Any]:
+def fragments(stage: int, bf16: bool, nvme: str | None = None) -> dict[str, Any]:
+    """nvme: a directory for offload_optimizer nvme (stage 3: masters and state swapped)."""
     from deepspeed.utils import (
         safe_get_full_fp32_param,
         safe_get_full_grad,
@@ -39,6 +40,8 @@ def fragments(stage: int, bf16: bool) -> dict[str, Any]:
         },
         "bf16": {"enabled": bf16},
     }
+    if nvme is not None:
+        cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": nvme}
     engine, *_ = initialize(model=model, config=cfg)
     params = dict(engine.module.named_parameters())
     x, y = batch(0, rank, size=4)

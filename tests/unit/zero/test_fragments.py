@@ -19,9 +19,14 @@ def _reference() -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     return {n: p.detach() for n, p in mlp().named_parameters()}, mean_grads(2)
 
 
-@pytest.mark.parametrize(("stage", "bf16"), [(0, False), (1, False), (2, True), (3, False)])
-def test_fragments_match_the_reference(stage: int, bf16: bool):
-    outs: list[dict[str, Any]] = run_ranks(fr.fragments, 2, stage, bf16, timeout=180)
+@pytest.mark.parametrize(
+    ("stage", "bf16", "nvme"),
+    [(0, False, False), (1, False, False), (2, True, False), (3, False, False), (3, False, True)],
+    ids=["0", "1", "2-bf16", "3", "3-nvme"],  # nvme: masters and state swapped in to be read
+)
+def test_fragments_match_the_reference(stage: int, bf16: bool, nvme: bool, tmp_path):
+    where = str(tmp_path) if nvme else None
+    outs: list[dict[str, Any]] = run_ranks(fr.fragments, 2, stage, bf16, where, timeout=180)
     params, grads = _reference()
     tol = {"rtol": 2e-2, "atol": 2e-3} if bf16 else {"rtol": 1e-5, "atol": 1e-6}
     for out in outs:
