@@ -15,22 +15,26 @@ SEQ = 8
 VOCAB = 64
 
 
-def llama(seed: int = 0, kv_heads: int = 2, tied: bool = False) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _causal_lm(family: str, seed: int, **extra: Any) -> torch.nn.Module:
+    """A tiny Hugging Face causal LM of `family` ("Llama", "Gemma", "Phi3") from a config."""
+    import transformers
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(
+    cfg = getattr(transformers, f"{family}Config")(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=kv_heads,
         max_position_embeddings=32,
-        tie_word_embeddings=tied,
         attn_implementation="eager",
+        **extra,
     )
-    return LlamaForCausalLM(cfg)
+    return getattr(transformers, f"{family}ForCausalLM")(cfg)
+
+
+def llama(seed: int = 0, kv_heads: int = 2, tied: bool = False) -> torch.nn.Module:
+    return _causal_lm("Llama", seed, num_key_value_heads=kv_heads, tie_word_embeddings=tied)
 
 
 def llama_tied(seed: int = 0) -> torch.nn.Module:
@@ -58,41 +62,13 @@ def gpt2(seed: int = 0) -> torch.nn.Module:
 def gemma(seed: int = 0) -> torch.nn.Module:
     """Its embedding scales what it looks up (sqrt(hidden)): a forward of its own that a
     vocabulary cut must keep; no preset, so the model's own tp_plan cuts it."""
-    from transformers import GemmaConfig, GemmaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = GemmaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=32,
-        attn_implementation="eager",
-    )
-    return GemmaForCausalLM(cfg)
+    return _causal_lm("Gemma", seed, num_key_value_heads=2, head_dim=8)
 
 
 def phi3(seed: int = 0) -> torch.nn.Module:
     """A fused q/k/v projection whose output its attention splits at the config's head
     counts."""
-    from transformers import Phi3Config, Phi3ForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = Phi3Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=32,
-        pad_token_id=0,
-        attn_implementation="eager",
-    )
-    return Phi3ForCausalLM(cfg)
+    return _causal_lm("Phi3", seed, num_key_value_heads=2, pad_token_id=0)
 
 
 MODELS = {"llama": llama, "gpt2": gpt2, "llama_tied": llama_tied, "gemma": gemma, "phi3": phi3}
