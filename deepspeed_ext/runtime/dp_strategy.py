@@ -14,7 +14,7 @@ from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.checkpoint import errors_restart
 from deepspeed_ext.zero.fragments import Fragment, bind, state_owner
 from deepspeed_ext.zero.module_state import load_module_state, module_state
-from deepspeed_ext.zero.named_state import NamedState, is_per_element, missing_names
+from deepspeed_ext.zero.named_state import NamedState, is_per_element, missing_names, own_copy
 from deepspeed_ext.zero.norms import sum_of_squares
 from deepspeed_ext.zero.protocol import RankFiles, StrategyContext
 
@@ -234,10 +234,10 @@ class DataParallelStrategy:
         for cg, mg, pnames in zip(current["param_groups"], self.model_groups, self.param_names()):
             missing_names(named, pnames, where)
             for pid, n, p in zip(cg["params"], pnames, mg["params"]):
-                state[pid] = {  # each its own tensors (torch's Adam adds to `step` in place)
+                state[pid] = {
                     k: v.reshape(p.shape).clone()
                     if is_per_element(k, v, p.numel())
-                    else (v.clone() if torch.is_tensor(v) else v)
+                    else own_copy(v)
                     for k, v in named.state[n].items()
                 }
             groups.append({**named.options[pnames[0]], "params": cg["params"]})

@@ -118,6 +118,14 @@ class LinearAllreduce(_Sliced):
         return out + self.bias if self.bias is not None else out
 
 
+def _check_cuttable(module: torch.nn.Embedding) -> None:
+    if module.max_norm is not None or module.sparse:
+        raise ValueError(
+            "a vocabulary-parallel embedding with max_norm or sparse gradients is not "
+            "built; leave the embedding whole (a partition_config skip rule)"
+        )
+
+
 def _lookup(
     ids: torch.Tensor,
     weight: torch.Tensor,
@@ -143,11 +151,7 @@ class VocabParallelEmbedding(torch.nn.Module):
         self, module: torch.nn.Embedding, axis: AxisGroup, weight_slice: TensorSlice
     ) -> None:
         super().__init__()
-        if module.max_norm is not None or module.sparse:
-            raise ValueError(
-                "a vocabulary-parallel embedding with max_norm or sparse gradients is not "
-                "built; leave the embedding whole (a partition_config skip rule)"
-            )
+        _check_cuttable(module)
         weight = module.weight
         assert isinstance(weight, torch.nn.Parameter)
         self.weight = weight
@@ -187,7 +191,6 @@ class _VocabParallelLookup(torch.nn.Embedding):
 
     _tp_axis: AxisGroup
     _tp_start: int
-    _tp_vocab: int
     _tp_padding: int | None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -206,17 +209,13 @@ def vocab_parallel(
     would drop what its forward adds."""
     if type(module).forward is torch.nn.Embedding.forward:
         return VocabParallelEmbedding(module, axis, weight_slice)
-    if module.max_norm is not None or module.sparse:
-        raise ValueError(
-            "a vocabulary-parallel embedding with max_norm or sparse gradients is not "
-            "built; leave the embedding whole (a partition_config skip rule)"
-        )
+    _check_cuttable(module)
     cls = type(module)
     module.__class__ = type(f"VocabParallel{cls.__name__}", (cls, _VocabParallelLookup), {})
     m = cast(_VocabParallelLookup, module)
     _cut(cast(torch.nn.Parameter, m.weight), weight_slice)
     rows = int(m.weight.shape[0])
-    m._tp_axis, m._tp_start, m._tp_vocab = axis, axis.rank * rows, int(weight_slice.full_shape[0])
+    m._tp_axis, m._tp_start = axis, axis.rank * rows
     local = None if m.padding_idx is None else m.padding_idx - m._tp_start
     m._tp_padding = local if local is not None and 0 <= local < rows else None
     return m

@@ -107,5 +107,11 @@ def missing_names(named: NamedState, names: list[str], where: Any) -> None:
         )
 
 
+def own_copy(value: Any) -> Any:
+    """A tensor that shares no storage with another holder (torch's Adam adds to its `step`
+    tensor in place, per parameter; a saved value must not follow live training state)."""
+    return value.detach().clone() if torch.is_tensor(value) else value
+
+
 def is_per_element(key: str, value: Any, numel: int) -> bool:
     return torch.is_tensor(value) and key != "step" and value.numel() == numel

@@ -18,7 +18,7 @@ from .comm_options import reduce_options
 from .fragments import Fragment, bind, state_owner
 from .layout import GroupLayout, plan_group
 from .module_state import load_module_state, module_state
-from .named_state import NamedState, is_per_element, missing_names
+from .named_state import NamedState, is_per_element, missing_names, own_copy
 from .norms import sum_of_squares
 from .protocol import RankFiles, StrategyContext, offloaded
 from .reducer import ShardedReducer
@@ -272,7 +272,7 @@ class ZeroStrategy:
                         state.setdefault(pid, {})[key] = c
                 else:  # each its own (torch's Adam adds to `step` in place, per param)
                     for pid in ids:
-                        state.setdefault(pid, {})[key] = _own(value)
+                        state.setdefault(pid, {})[key] = own_copy(value)
             groups[i] = {**named.options[names[0]], "params": current["param_groups"][i]["params"]}
         optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.load_master_partitions(masters)
@@ -291,7 +291,3 @@ class ZeroStrategy:
         then = [GroupLayout.from_dict(d) for d in saved]
         if [d.slots for d in now] != [d.slots for d in then]:
             raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")
-
-
-def _own(value: Any) -> Any:
-    return value.clone() if torch.is_tensor(value) else value

@@ -96,23 +96,19 @@ def state_to_load(
     checkpoint was saved at another tensor-parallel size, else None). Each file is read
     once; load_optimizer takes the list."""
     here = engine.layout.tensor.size
-    autotp = getattr(engine, "autotp", None) is not None
-    if here > 1 and not autotp:
-        # the model slices itself (a Megatron-style mpu): each model-parallel rank's file
-        # is its own slices, which only the model knows how to cut again
-        if not path.exists():
+    # the model slices itself (a Megatron-style mpu, no AutoTP): each model-parallel rank's
+    # file is its own slices, which only the model knows how to cut again
+    own_slicing = here > 1 and getattr(engine, "autotp", None) is None
+    if here > 1 and not path.exists():
+        if own_slicing:
             raise CheckpointError(
                 f"{path} is missing: {ckpt_dir} was saved at another model-parallel size "
                 f"than this run's {here}. A model sliced by its own layers (mpu=...) resumes "
                 "only at the model-parallel size that saved it"
             )
-        state = load_state_file(path)
-        if "tensor_parallel" not in state:
-            return state, None
-    if here > 1 and not path.exists():
         path = ckpt_dir / model_states_name(0)  # saved with fewer slices
     state = load_state_file(path)
-    if saved_size(state) == here:
+    if saved_size(state) == here or (own_slicing and "tensor_parallel" not in state):
         return state, None
     saved = _saved_states(ckpt_dir, state, path.name)
     return state_for_load(engine, saved), saved

@@ -20,6 +20,7 @@ import torch
 
 from deepspeed_ext.utils.errors import CheckpointError
 
+from ..named_state import own_copy
 from ..protocol import RankFiles
 from .param import own_slice, read_shard, shard_numel, write_shard
 
@@ -53,11 +54,13 @@ def rank_payload(s: Stage3Strategy, optimizer: Any) -> dict[str, Any]:
         opt = optimizer.state_dict() if optimizer else None
         if opt is not None:  # copies: the swapper empties the live state on exit
             opt = {
-                "state": {k: {n: _own(v) for n, v in st.items()} for k, st in opt["state"].items()},
+                "state": {
+                    k: {n: own_copy(v) for n, v in st.items()} for k, st in opt["state"].items()
+                },
                 "param_groups": opt["param_groups"],
             }
         masters = {
-            n: _own(s.master_of(p).detach().cpu()) for n, p in named if id(p) in s.trainable_ids
+            n: own_copy(s.master_of(p).detach().cpu()) for n, p in named if id(p) in s.trainable_ids
         }
     return {
         "param_shards": {n: read_shard(p).detach().cpu() for n, p in named},
@@ -66,11 +69,6 @@ def rank_payload(s: Stage3Strategy, optimizer: Any) -> dict[str, Any]:
         "zero_stage": 3,
         "partition_count": s.world,
     }
-
-
-def _own(v: Any) -> Any:
-    """A tensor that does not share storage with live training state."""
-    return v.detach().clone() if torch.is_tensor(v) else v
 
 
 def full_from_shards(shards: list[torch.Tensor], shape: tuple[int, ...]) -> torch.Tensor:
@@ -118,23 +116,21 @@ def load_whole_module(s: Stage3Strategy, state: dict[str, Any], files: RankFiles
     parameter's shard and fp32 master are cut from it (the optimizer state, laid out by
     that stage, is refused by load_optimizer unless the load takes the module only)."""
     saved = state["module"]
-    named = list(s.module.named_parameters())
-    missing = [n for n, _ in named if n not in saved]
+    named = dict(s.module.named_parameters())
+    missing = [n for n in named if n not in saved]
     if missing:
         raise CheckpointError(
             f"{files.where} (zero_optimization.stage {state.get('zero_stage')}) has no saved "
             f"values for parameters {missing[:5]}: it was saved from another model"
         )
-    s.module.load_state_dict({k: v for k, v in saved.items() if k not in dict(named)}, strict=False)
-    for n, p in named:
-        whole = saved[n].reshape(-1).to(p.dtype)
-        write_shard(p, own_slice(whole, s.rank, s.world))
-        if getattr(p, "ds_persist", False):  # kept whole: forward reads this, not the shard
-            p.data.copy_(whole.view_as(p.data))
+    s.module.load_state_dict({k: v for k, v in saved.items() if k not in named}, strict=False)
+    for n, p in named.items():
+        write_shard(p, own_slice(saved[n].reshape(-1).to(p.dtype), s.rank, s.world))
     with s.resident_optimizer():
-        for n, p in named:
+        for n, p in named.items():
             if id(p) in s.trainable_ids:
                 s.master_of(p).copy_(own_slice(saved[n].reshape(-1).float(), s.rank, s.world))
+    s.after_load()  # kept-whole and gathered copies follow the new shards
 
 
 @torch.no_grad()
