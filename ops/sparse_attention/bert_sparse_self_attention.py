@@ -15,12 +15,15 @@ from .sparsity_config import FixedSparsityConfig, SparsityConfig
 
 def key_padding(mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor | None:
     """A BERT attention mask as a key-padding mask [batch, seq] (additive, or bool True =
-    attend): raw [b, s] 0/1 masks, HF's extended [b, 1, 1, s], and the [b, 1, s, s] masks
+    attend): a [b, s] mask (floating: additive, as upstream passes it on; bool or integer,
+    a tokenizer's 0/1: 1 = attend), HF's extended [b, 1, 1, s], and the [b, 1, s, s] masks
     today's transformers builds, whose query rows must then all be the same."""
     if mask is None:
         return None
     if mask.dim() == 2:
-        return mask.bool() if mask.dtype != torch.bool else mask  # 1 = attend
+        if mask.dtype.is_floating_point:
+            return mask  # additive (0 = attend, -10000 = padding)
+        return mask != 0  # 1 = attend
     if mask.dim() == 4 and mask.shape[0] == batch and mask.shape[-1] == seq:
         if mask.shape[2] > 1 and not bool((mask == mask[:, :, :1, :]).all()):
             raise ValueError(

@@ -90,6 +90,8 @@ class Softmax:
                     f"rpe has shape {tuple(rpe.shape)}; expected [batch or 1, "
                     f"{self.lut.num_heads}, {side}, {side}]"
                 )
+            if rpe.stride(-1) != 1:  # the kernels read rows: a transposed view, a slice
+                rpe = rpe.contiguous()
             if rpe.shape[0] == 1 and x.shape[0] > 1:
                 rpe = rpe.expand(x.shape[0], -1, -1, -1)
         kp = additive(key_padding_mask, key_padding_mask_mode, "key_padding_mask")

@@ -3,6 +3,8 @@ sparsity layout, for query/key/value of [batch, heads, seq, head_dim]."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -23,6 +25,8 @@ class SparseSelfAttention(nn.Module):
     a key padding mask: one kernel forward, two backward, no scores in memory. Setting
     `fused = False` keeps the unfused ops."""
 
+    master_layout: torch.Tensor
+
     def __init__(
         self,
         sparsity_config: SparsityConfig | None = None,
@@ -41,10 +45,16 @@ class SparseSelfAttention(nn.Module):
         self.key_padding_mask_mode = key_padding_mask_mode
         self.attn_mask_mode = attn_mask_mode
         self.max_seq_length = max_seq_length
-        self.master_layout = self.sparsity_config.make_layout(max_seq_length)
+        # a buffer, as upstream's: state dicts carry the (possibly random) layout trained with
+        self.register_buffer("master_layout", self.sparsity_config.make_layout(max_seq_length))
         self._ops: dict[int, tuple[MatMul, Softmax, MatMul]] = {}
         self._tiles: dict[int, Tiles] = {}
         self.fused = True
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._ops.clear()  # made from the layout the load replaced
+        self._tiles.clear()
 
     def get_layout(self, seq_len: int) -> torch.Tensor:
         block = self.sparsity_config.block
@@ -105,14 +115,9 @@ class SparseSelfAttention(nn.Module):
                     f"{name} has shape {tuple(t.shape)}; query has {tuple(query.shape)}"
                 )
         if key_padding_mask is not None:
-            if key_padding_mask.numel() != bsz * seq:
-                raise ValueError(
-                    f"key_padding_mask has shape {tuple(key_padding_mask.shape)}; expected "
-                    f"[batch, seq] = [{bsz}, {seq}] (or [{bsz}, 1, 1, {seq}])"
-                )
-            key_padding_mask = key_padding_mask.reshape(bsz, seq)
+            key_padding_mask = _key_padding(key_padding_mask, bsz, seq)
         if attn_mask is not None:
-            attn_mask = attn_mask.reshape(attn_mask.shape[-2], attn_mask.shape[-1])
+            attn_mask = _attention_mask(attn_mask, seq)
         scale = float(head_dim) ** -0.5
         block = self.sparsity_config.block
         if rpe is None and attn_mask is None and self.fused and fused.applies(query, block):
@@ -130,3 +135,29 @@ class SparseSelfAttention(nn.Module):
             attn_mask_mode=self.attn_mask_mode,
         )
         return dsd(probs, value)
+
+
+def _key_padding(mask: torch.Tensor, bsz: int, seq: int) -> torch.Tensor:
+    """[batch, seq], or with size-1 dims between ([batch, 1, 1, seq] as BERT extends it), as
+    [batch, seq]. Checked by shape, not element count: a [seq, batch] mask would be taken
+    apart into the wrong positions."""
+    shape = tuple(mask.shape)
+    if len(shape) < 2 or shape[0] != bsz or shape[-1] != seq or any(d != 1 for d in shape[1:-1]):
+        raise ValueError(
+            f"key_padding_mask has shape {shape}; expected [batch, seq] = [{bsz}, {seq}] "
+            f"(or [{bsz}, 1, 1, {seq}])"
+        )
+    return mask.reshape(bsz, seq)
+
+
+def _attention_mask(mask: torch.Tensor, seq: int) -> torch.Tensor:
+    """[seq, seq], or with leading size-1 dims ([1, 1, seq, seq]), as [seq, seq]: one mask
+    for every batch row and head, as upstream's."""
+    shape = tuple(mask.shape)
+    if len(shape) < 2 or shape[-2:] != (seq, seq) or any(d != 1 for d in shape[:-2]):
+        raise ValueError(
+            f"attn_mask has shape {shape}; expected [seq, seq] = [{seq}, {seq}] (or "
+            f"[1, 1, {seq}, {seq}]): one mask for all batch rows and heads. Per-row padding "
+            "goes in key_padding_mask; per-head patterns in the sparsity layout"
+        )
+    return mask.reshape(seq, seq)

@@ -7,8 +7,10 @@ tokens). Patterns are built for head 0 (or every head, with different_layout_per
 copied to the rest.
 
 Random blocks come from a generator seeded by `seed` (default 0) and the head, so every rank
-and every run builds the same layout (upstream draws from Python's global `random`). A
-unidirectional layout never attends to a later block: random blocks included.
+and every run builds the same layout (upstream draws from Python's global `random`). In a
+unidirectional layout, local, sliding-window and random blocks never lie after the diagonal;
+global ones may, as in upstream's patterns: a block row inside a span of global columns attends
+to the whole span (the global ranges of FixedSparsityConfig and VariableSparsityConfig).
 """
 
 from __future__ import annotations

@@ -149,3 +149,22 @@ def test_tokenizer_length_and_bad_models():
         )
     with pytest.raises(ValueError, match="num_heads=2 but the model has num_attention_heads=4"):
         BertSparseSelfAttention(tiny_bert().config, FixedSparsityConfig(2, BS))
+
+
+def test_each_mask_form_masks_the_same_keys():
+    """A [b, s] floating mask is additive, as upstream passes it on (an all-zero one masks
+    nothing); a tokenizer's integer or bool 0/1 mask marks the keys to attend; HF's extended
+    [b, 1, 1, s] is additive."""
+    torch.manual_seed(0)
+    cfg = tiny_bert().config
+    att = BertSparseSelfAttention(cfg, FixedSparsityConfig(HEADS, BS))
+    x = torch.randn(2, SEQ, 32)
+    keep = torch.ones(2, SEQ, dtype=torch.long)
+    keep[0, 40:] = 0
+    add = (1.0 - keep.float()) * -10000.0
+    want = att(x, add[:, None, None, :])
+    assert not torch.allclose(want, att(x))
+    torch.testing.assert_close(att(x, add), want)
+    torch.testing.assert_close(att(x, keep), want)
+    torch.testing.assert_close(att(x, keep.bool()), want)
+    torch.testing.assert_close(att(x, torch.zeros(2, SEQ)), att(x))

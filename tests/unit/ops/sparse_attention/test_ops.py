@@ -259,3 +259,55 @@ def test_torch_compile_traces_the_ops():
     att = SparseSelfAttention(config, max_seq_length=SIDE)
     q, k, v = (rand(BATCH, H, SIDE, D, seed=i) for i in (21, 22, 23))
     assert_compiled_matches_eager(att, (q, k, v))
+
+
+def test_mask_and_rpe_shapes():
+    """Masks are read by shape, not element count; a strided rpe is as good as a dense one."""
+    config = FixedSparsityConfig(H, BS, num_local_blocks=2)
+    att = SparseSelfAttention(config, max_seq_length=SIDE)
+    q, k, v = (rand(BATCH, H, SIDE, D, seed=i) for i in (31, 32, 33))
+    kp = torch.zeros(BATCH, SIDE)
+    kp[1, -9:] = -1e4
+    want = att(q, k, v, key_padding_mask=kp)
+    torch.testing.assert_close(att(q, k, v, key_padding_mask=kp[:, None, None, :]), want)
+    with pytest.raises(ValueError, match=r"key_padding_mask has shape \(64, 2\); expected"):
+        att(q, k, v, key_padding_mask=kp.t().contiguous())  # [seq, batch]: same numel
+    with pytest.raises(ValueError, match=r"key_padding_mask has shape \(1, 128\)"):
+        att(q, k, v, key_padding_mask=kp.reshape(1, -1))
+    am = (torch.rand(SIDE, SIDE, generator=torch.Generator().manual_seed(3)) > 0.3).float()
+    am.fill_diagonal_(1)
+    want = att(q, k, v, attn_mask=am)
+    torch.testing.assert_close(att(q, k, v, attn_mask=am[None, None]), want)
+    with pytest.raises(ValueError, match=r"attn_mask has shape \(2, 1, 64, 64\).*key_padding"):
+        att(q, k, v, attn_mask=am.expand(BATCH, 1, SIDE, SIDE))
+    with pytest.raises(ValueError, match=r"attn_mask has shape \(64,\)"):
+        att(q, k, v, attn_mask=am[0])
+    rpe = rand(1, H, SIDE, SIDE, seed=34)
+    want = att(q, k, v, rpe=rpe.transpose(-1, -2).contiguous())
+    torch.testing.assert_close(att(q, k, v, rpe=rpe.transpose(-1, -2)), want)
+    wide = rand(1, H, SIDE, 2 * SIDE, seed=35)
+    torch.testing.assert_close(
+        att(q, k, v, rpe=wide[..., ::2]), att(q, k, v, rpe=wide[..., ::2].contiguous())
+    )
+
+
+def test_the_layout_travels_in_the_state_dict():
+    """master_layout is a buffer, as upstream's: a model's random layout comes back with its
+    weights, and a load after use replaces the layout the ops were made from."""
+    seq = 2 * SIDE
+
+    def att(seed: int) -> SparseSelfAttention:
+        config = BigBirdSparsityConfig(H, BS, num_random_blocks=1, seed=seed)
+        return SparseSelfAttention(config, max_seq_length=seq)
+
+    mine, theirs = att(1), att(2)
+    assert list(mine.state_dict()) == ["master_layout"]
+    assert not torch.equal(mine.master_layout, theirs.master_layout)
+    q, k, v = (rand(BATCH, H, seq, D, seed=i) for i in (41, 42, 43))
+    before = mine(q, k, v)
+    mine.load_state_dict(theirs.state_dict())
+    assert torch.equal(mine.master_layout, theirs.master_layout)
+    after = mine(q, k, v)
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, theirs(q, k, v))
+    torch.testing.assert_close(after, dense_attention(q, k, v, theirs.get_layout(seq)))
