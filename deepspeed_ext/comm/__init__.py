@@ -17,6 +17,7 @@ from .collectives import (
     broadcast_object,
     get_backend,
     group_broadcast,
+    group_broadcast_many,
     new_group,
 )
 from .comms_logging import comms_logger
@@ -69,6 +70,7 @@ __all__ = [
     "PipelineParallelGrid",
     "ProcessTopology",
     "group_broadcast",
+    "group_broadcast_many",
     "layout_from_mpu",
     "layout_from_topology",
     "world_layout",

@@ -53,6 +53,53 @@ def group_broadcast(tensor: torch.Tensor, group: AxisGroup, group_src: int = 0) 
             tensor.copy_(buf)
 
 
+_BUCKET_BYTES = 32 << 20  # one flat copy per bucket: memory beside the model stays small
+
+
+def group_broadcast_many(
+    tensors: list[torch.Tensor],
+    group: AxisGroup,
+    group_src: int = 0,
+    bucket_bytes: int = _BUCKET_BYTES,
+) -> None:
+    """group_broadcast of each tensor, in one call per bucket of same-dtype tensors: each
+    call is a round trip, and a model's hundreds of biases and norms made init wait on
+    hundreds of them. A tensor of bucket_bytes or more goes alone, without a copy. Every
+    rank must pass the same shapes and dtypes in the same order, as for group_broadcast."""
+    if group.size <= 1:
+        return
+    open_: dict[tuple[torch.dtype, str], list[torch.Tensor]] = {}
+    size: dict[tuple[torch.dtype, str], int] = {}
+
+    def flush(key: tuple[torch.dtype, str]) -> None:
+        bucket = open_.pop(key, [])
+        size.pop(key, None)
+        if len(bucket) == 1:
+            group_broadcast(bucket[0], group, group_src)
+        elif bucket:
+            flat = torch.cat([t.reshape(-1) for t in bucket])
+            group_broadcast(flat, group, group_src)
+            at = 0
+            for t in bucket:
+                t.copy_(flat[at : at + t.numel()].view(t.shape))
+                at += t.numel()
+
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        if nbytes == 0:
+            continue
+        if nbytes >= bucket_bytes:
+            group_broadcast(t, group, group_src)
+            continue
+        key = (t.dtype, t.device.type)  # device index differs by rank; the type does not
+        if size.get(key, 0) + nbytes > bucket_bytes:
+            flush(key)
+        open_.setdefault(key, []).append(t)
+        size[key] = size.get(key, 0) + nbytes
+    for key in list(open_):
+        flush(key)
+
+
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None) -> Any:
     pg, size = resolve(group)
     if size == 1:

@@ -225,9 +225,10 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         """Start every data-parallel rank from its group's rank 0 weights and buffers, as DDP
         does (other model-parallel ranks hold other parts of the model)."""
         with torch.no_grad():
-            for t in [*self.module.parameters(), *self.module.buffers()]:
-                if not hasattr(t, "ds_id"):  # zero.Init broadcast those at construction
-                    comm.group_broadcast(t.data, self.layout.data)
+            every = [*self.module.parameters(), *self.module.buffers()]
+            # zero.Init broadcast the ds_id ones at construction
+            plain = [t.data for t in every if not hasattr(t, "ds_id")]
+            comm.group_broadcast_many(plain, self.layout.data)
 
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
         """The model's param groups: a client optimizer's, model_parameters (params or groups),

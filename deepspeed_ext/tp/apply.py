@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import AxisGroup, group_broadcast
+from deepspeed_ext.comm import AxisGroup, group_broadcast_many
 
 from . import plan
 from .layers import (
@@ -66,8 +66,7 @@ def heads_of(model: Any) -> Heads | None:
 
 @torch.no_grad()
 def _same_everywhere(model: torch.nn.Module, axis: AxisGroup) -> None:
-    for t in [*model.parameters(), *model.buffers()]:
-        group_broadcast(t.data, axis)
+    group_broadcast_many([t.data for t in [*model.parameters(), *model.buffers()]], axis)
 
 
 def _dim(module: torch.nn.Module, rule: plan.LayerRule) -> int:

@@ -13,7 +13,11 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm import collective_device, group_broadcast, sum_tensor_over
+from deepspeed_ext.comm import (
+    collective_device,
+    group_broadcast_many,
+    sum_tensor_over,
+)
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 
@@ -156,8 +160,8 @@ class Stage3Strategy:
         the whole value but not the shard the masters start from, and the first step then
         put the old value back: data-parallel rank 0's whole value becomes every rank's,
         and each shard is cut from it."""
+        group_broadcast_many([p.data for p in self.persistent], self.dp)
         for p in self.persistent:
-            group_broadcast(p.data, self.dp)
             p.ds_tensor.copy_(own_slice(p.data.reshape(-1), self.dp.rank, self.dp.size))
 
     @torch.no_grad()

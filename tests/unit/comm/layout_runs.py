@@ -43,10 +43,31 @@ def grid_groups(shapes: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
                     groups.get_data_parallel_rank(),
                 ),
                 "next_stage": grid.p2p_groups[dist.get_rank()][1],
+                "many": [_broadcast_many(grid.layout.data, b) for b in (1 << 20, 40)],
             }
         )
     set_current(None)
     return out
+
+
+def _broadcast_many(group: Any, bucket_bytes: int) -> list[list[float]]:
+    """Tensors of mixed dtypes, a transposed view, an empty one and ones over the bucket
+    size, each filled with this rank's number, broadcast from the group's first rank."""
+    from deepspeed_ext.comm import collective_device, group_broadcast_many
+
+    r, dev = dist.get_rank(), collective_device(group)
+    ts = [
+        torch.full((3, 4), float(r), device=dev),
+        torch.full((4, 3), float(r) + 0.5, device=dev).t(),  # a view: written back through it
+        torch.tensor(r, dtype=torch.int64, device=dev),
+        torch.empty(0, device=dev),
+        torch.full((20,), float(r), dtype=torch.bfloat16, device=dev),
+        torch.full((5,), r % 2 == 1, device=dev),
+        torch.full((2,), float(r) + 0.25, device=dev),
+    ]
+    group_broadcast_many(ts, group, bucket_bytes=bucket_bytes)
+    assert not ts[1].is_contiguous()
+    return [t.float().reshape(-1).tolist() for t in ts]
 
 
 class ReplicaMpu:

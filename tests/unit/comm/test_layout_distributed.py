@@ -1,5 +1,6 @@
-"""The parallel layout on real gloo ranks: groups of an 8-rank grid in several 3D shapes,
-and ZeRO 0-3 over an explicit data-parallel group of 2 inside 4 ranks."""
+"""The parallel layout on real gloo ranks: groups of an 8-rank grid in several 3D shapes
+(and a coalesced broadcast over their data groups), and ZeRO 0-3 over an explicit
+data-parallel group of 2 inside 4 ranks."""
 
 from __future__ import annotations
 
@@ -33,6 +34,17 @@ def test_grid_groups_on_8_ranks():
             assert got["accessors"] == (d, t, p, (rank // t) % d)
             pipe = _mine(want["pipe"], rank)
             assert got["next_stage"] == pipe[(pipe.index(rank) + 1) % p]
+            src = _mine(want["data"], rank)[0]  # every tensor holds the data group's first
+            for many in got["many"]:
+                assert many == [
+                    [float(src)] * 12,
+                    [src + 0.5] * 12,
+                    [float(src)],
+                    [],
+                    [float(src)] * 20,
+                    [float(src % 2 == 1)] * 5,
+                    [src + 0.25] * 2,
+                ], (rank, (p, d, t))
 
 
 STAGES = [0, 1, 2, 3]
