@@ -202,10 +202,7 @@ class DataParallelStrategy:
             self.masters.copy_to_model()
 
     def _load_per_rank(self, optimizer: Any, files: RankFiles) -> None:
-        try:
-            own = files.read(self.dp.rank)
-        except FileNotFoundError:
-            own = {}
+        own = files.read(self.dp.rank) if files.has(self.dp.rank) else {}
         ok = True
         if hasattr(optimizer, "load_per_rank_state_dict"):
             ok &= optimizer.load_per_rank_state_dict(own.get("optimizer_per_rank"))

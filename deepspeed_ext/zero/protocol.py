@@ -71,6 +71,10 @@ class RankFiles(Protocol):
         """The zero_pp_rank file of a saved data-parallel rank (this model-parallel rank)."""
         ...
 
+    def has(self, dp_rank: int) -> bool:
+        """Whether the saving run had data-parallel rank dp_rank (its file exists)."""
+        ...
+
 
 class GradientStrategy(Protocol):
     stage: int

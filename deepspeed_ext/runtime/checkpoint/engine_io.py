@@ -224,6 +224,12 @@ class RankFileReader:
         self._load = load
         self._read: dict[int, dict[str, Any]] = {}
 
+    def has(self, dp_rank: int) -> bool:
+        """Whether data-parallel rank dp_rank has a file (a run at a larger world size asks
+        about ranks the saving run did not have)."""
+        name = layout.zero_optim_states_name(dp_rank, self.mp_rank)
+        return dp_rank in self._read or (self.where / name).exists()
+
     def read(self, dp_rank: int) -> dict[str, Any]:
         if dp_rank not in self._read:
             name = layout.zero_optim_states_name(dp_rank, self.mp_rank)

@@ -352,3 +352,26 @@ def onebit_lamb_runs(ckpt: str) -> dict[str, Any]:
         "straight": _params(straight),
         "resumed": _params(resumed),
     }
+
+
+WIDER = {  # what a resume on more ranks than saved it must carry on with
+    "onebit": {"optimizer": onebit(freeze=3)},
+    "compressed": {"optimizer": ADAM, "gradient_compression": {"algorithm": "1bit"}},
+}
+
+
+def save_alone(ckpt: str) -> None:
+    for name, extra in WIDER.items():
+        engine = _engine(**extra)
+        _train(engine, range(4))
+        engine.save_checkpoint(ckpt, tag=name)
+
+
+def resume_wider(ckpt: str) -> dict[str, Any]:
+    """On 2 ranks from a 1-rank checkpoint: rank 1 has no error-feedback file of its own."""
+    out = {}
+    for name, extra in WIDER.items():
+        engine = _engine(**extra)
+        engine.load_checkpoint(ckpt, tag=name)
+        out[name] = {"losses": _train(engine, range(4, 7)), "params": _params(engine)}
+    return out

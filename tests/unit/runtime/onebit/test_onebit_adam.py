@@ -4,6 +4,7 @@ that continues exactly."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,17 @@ def test_a_resume_past_the_freeze_continues_bit_for_bit(tmp_path: Path) -> None:
     files = sorted(p.name for p in (tmp_path / "s4").iterdir())
     assert "zero_pp_rank_0_mp_rank_00_optim_states.pt" in files
     assert "zero_pp_rank_1_mp_rank_00_optim_states.pt" in files
+
+
+def test_a_resume_on_more_ranks_restarts_the_error_buffers(tmp_path: Path) -> None:
+    """1 rank saved, 2 resume: the rank without a file of its own starts its error feedback
+    at zero (said), as a resume on fewer ranks does, instead of failing the load."""
+    run_ranks(runs.save_alone, 1, str(tmp_path), timeout=120)
+    r0, r1 = run_ranks(runs.resume_wider, 2, str(tmp_path), timeout=180)
+    for name in runs.WIDER:
+        assert all(math.isfinite(x) for x in r0[name]["losses"] + r1[name]["losses"]), name
+        for n, p in r0[name]["params"].items():
+            assert torch.equal(p, r1[name]["params"][n]), (name, n)
 
 
 def test_a_pipeline_compresses_within_each_stages_data_parallel_group() -> None:
