@@ -172,7 +172,8 @@ class ZeroOneAdam(OneBitOptimizer):
         self.exchange(moved)
         for (p, st, group), u in zip(work, moved):
             corr = (1 - group["betas"][0] ** t) if group["bias_correction"] else 1.0
-            st["exp_avg"].copy_(u).mul_(-corr / st["lrs"])
+            if st["lrs"] > 0:  # at lr 0 nothing moved to recover it from: it stays local
+                st["exp_avg"].copy_(u).mul_(-corr / st["lrs"])
             # from the shared anchor: every rank lands on the same params
             torch.addcdiv(st["anchor"], u, self._frozen_denom(p, st, group), out=p)
             st["anchor"].copy_(p)

@@ -293,6 +293,26 @@ def zero_one_schedule() -> dict[str, Any]:
         "allreduce": allreduce,
         "same": same,
         "rows": rows,
+        "lr_zero": _zero_one_at_lr_zero(),
+    }
+
+
+def _zero_one_at_lr_zero() -> dict[str, Any]:
+    """A schedule that decays the lr to 0 in the local phase: a synchronisation with no lr
+    since the last has no movement to recover the momentum from (it divided by 0)."""
+    decay = {"warmup_min_lr": 0.0, "warmup_max_lr": 1e-2, "warmup_num_steps": 1}
+    engine = _engine(
+        zero_one(freeze=2, scaler=2),
+        scheduler={"type": "WarmupDecayLR", "params": {**decay, "total_num_steps": 6}},
+    )
+    _train(engine, range(6))
+    losses = _train(engine, range(6, 14))
+    mine = torch.cat([p.detach().reshape(-1) for p in engine.module.parameters()])
+    everyone = [torch.empty_like(mine) for _ in range(engine.dp_world_size)]
+    torch.distributed.all_gather(everyone, mine)
+    return {
+        "same": all(torch.equal(everyone[0], o) for o in everyone[1:]),
+        "losses": losses,
     }
 
 

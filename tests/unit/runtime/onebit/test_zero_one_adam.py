@@ -6,6 +6,7 @@ against Adam's: test_onebit_adam.py::test_a_tiny_gpt_learns_as_with_adam."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,9 @@ def test_the_schedule_and_one_model_at_every_synchronisation() -> None:
         compressed = "all_to_all_single" in names
         # a 1-bit exchange on each compressed variance step and at each sync, never between
         assert compressed == (t <= 8 and not full[t - 1] or t > 8 and same[t - 1]), (t, names)
+    for r in (r0, r1):  # the lr decayed to 0: synchronisations go on, one model after them
+        assert r["lr_zero"]["same"]
+        assert all(math.isfinite(x) for x in r["lr_zero"]["losses"])
 
 
 def test_a_resume_between_synchronisations_continues_bit_for_bit(tmp_path: Path) -> None:
