@@ -181,6 +181,13 @@ def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
             f"upstream): it exchanges compressed momentum where ZeRO reduces gradients into "
             f"partitions; set the stage to 0 (it is {stage})"
         ]
+    if cfg.gradient_allreduce_op == "sum":
+        # the warm-up would sum, the exchange after the freeze averages the momentum, and the
+        # frozen variance keeps the sum's scale: updates would shrink towards 1/N
+        return [
+            f"gradient_allreduce_op \"sum\" does not apply to optimizer.type '{opt.type}': "
+            "after the freeze it exchanges the mean of the momentum; remove it"
+        ]
     return []
 
 

@@ -145,8 +145,12 @@ def check_common(
         )
 
 
-def check_steps(name: str, **steps: int) -> None:
-    """At least one warm-up step: the frozen variance (and its bias correction) needs one."""
+def check_steps(name: str, why: str = " (a warm-up step at least)", **steps: Any) -> None:
+    """Whole counts of at least 1 (a warm-up step: the frozen variance and its bias
+    correction need one). 2.9 is refused, not truncated to 2."""
     for key, value in steps.items():
+        whole = isinstance(value, int) or isinstance(value, float) and value.is_integer()
+        if isinstance(value, bool) or not whole:
+            raise ValueError(f"{name}: {key}={value!r} must be a whole number of steps")
         if int(value) < 1:
-            raise ValueError(f"{name}: {key}={value} must be >= 1 (a warm-up step at least)")
+            raise ValueError(f"{name}: {key}={value} must be >= 1{why}")

@@ -69,13 +69,13 @@ class ZeroOneAdam(OneBitOptimizer):
             eps_inside_sqrt, cuda_aware, comm_backend_name,
         )  # fmt: skip
         check_steps("ZeroOneAdam", var_freeze_step=var_freeze_step)
-        for key, value in (
-            ("var_update_scaler", var_update_scaler),
-            ("local_step_scaler", local_step_scaler),
-            ("local_step_clipper", local_step_clipper),
-        ):
-            if int(value) < 1:
-                raise ValueError(f"ZeroOneAdam: {key}={value} must be >= 1")
+        check_steps(
+            "ZeroOneAdam",
+            "",
+            var_update_scaler=var_update_scaler,
+            local_step_scaler=local_step_scaler,
+            local_step_clipper=local_step_clipper,
+        )
         defaults = dict(
             lr=lr,
             betas=tuple(betas),

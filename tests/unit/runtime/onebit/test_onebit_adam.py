@@ -12,6 +12,7 @@ import torch
 
 from deepspeed_ext.config import ConfigError, parse
 from deepspeed_ext.runtime.onebit.adam import OnebitAdam
+from deepspeed_ext.runtime.onebit.zoadam import ZeroOneAdam
 from tests.helpers.distributed import run_ranks
 
 from . import onebit_runs as runs
@@ -116,6 +117,15 @@ def test_a_tiny_gpt_learns_as_with_adam() -> None:
 def test_config_errors_name_the_key() -> None:
     with pytest.raises(ConfigError, match=r"zero_optimization.stage 0 only .*it is 2"):
         parse({"optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 2}})
+    for kind in ("OneBitAdam", "ZeroOneAdam", "OneBitLamb"):  # the exchange averages
+        with pytest.raises(ConfigError, match=rf"\"sum\" does not apply to .*'{kind}'"):
+            parse({"optimizer": {"type": kind}, "gradient_allreduce_op": "sum"})
+    with pytest.raises(ValueError, match=r"freeze_step=2.9 must be a whole number"):
+        OnebitAdam([torch.nn.Parameter(torch.zeros(2))], freeze_step=2.9)
+    with pytest.raises(ValueError, match=r"var_update_scaler=1.5 must be a whole number"):
+        ZeroOneAdam([torch.nn.Parameter(torch.zeros(2))], var_update_scaler=1.5)
+    with pytest.raises(ValueError, match=r"local_step_clipper=0 must be >= 1$"):
+        ZeroOneAdam([torch.nn.Parameter(torch.zeros(2))], local_step_clipper=0)
     # a client OnebitAdam, which no config check sees: refused when the engine takes it
     (said,) = run_ranks(runs.client_optimizer_under_zero1, 1, timeout=120)
     assert "zero_optimization.stage 0 only" in said and "(it is 1)" in said, said
