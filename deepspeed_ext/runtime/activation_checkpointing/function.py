@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from deepspeed_ext.accelerator import get_accelerator, strict
 from deepspeed_ext.utils.logging import logger
@@ -109,6 +110,8 @@ class _Reentrant(torch.autograd.Function):
         elif ctx.cpu:
             ctx.devices = [t.device for t in tensors]
             ctx.host = [_to_host(t) for t in tensors]
+            # a CPU input is kept as is, outside save_for_backward: its in-place check here
+            ctx.versions = [h._version for h in ctx.host]
         else:
             ctx.save_for_backward(*tensors)
         with _phase("forward"), torch.no_grad():
@@ -125,6 +128,7 @@ class _Reentrant(torch.autograd.Function):
             saved = [partition.join(k, ctx.axis) for k in ctx.kept]
             ctx.kept = None
         elif ctx.cpu:
+            _check_unmodified(ctx.host, ctx.versions)
             saved = [h.to(d, non_blocking=True) for h, d in zip(ctx.host, ctx.devices)]
         else:
             saved = list(ctx.saved_tensors)
@@ -150,17 +154,31 @@ class _Reentrant(torch.autograd.Function):
         )
 
 
-def _outputs(out: Any) -> tuple[Any, ...]:
-    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+def _check_unmodified(kept: list[torch.Tensor], versions: list[int]) -> None:
+    for i, (t, v) in enumerate(zip(kept, versions)):
+        if t._version != v:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an "
+                f"inplace operation: input {i} of a checkpointed function (shape "
+                f"{tuple(t.shape)}) changed after its forward; the recompute would read the "
+                "new values. Modify a copy instead"
+            )
+
+
+def _outputs(out: Any) -> list[Any]:
+    """The output's leaves: nested tuples, lists, dicts and registered containers (Hugging
+    Face's ModelOutput) included. A Function returns tensors alone; a tensor one level down
+    left out of them would lose its gradient silently (as torch's reentrant checkpoint's)."""
+    return pytree.tree_leaves(out)
 
 
 def _rebuild(out: Any, tensors: tuple[torch.Tensor, ...]) -> Any:
     """The function's own output structure, its tensors replaced by the graph's."""
+    leaves, spec = pytree.tree_flatten(out)
     it = iter(tensors)
-    flat = [next(it) if isinstance(o, torch.Tensor) else o for o in _outputs(out)]
-    if isinstance(out, (tuple, list)):
-        return type(out)(flat)
-    return flat[0]
+    return pytree.tree_unflatten(
+        [next(it) if isinstance(o, torch.Tensor) else o for o in leaves], spec
+    )
 
 
 def _positional(function: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[Any, tuple]:

@@ -72,8 +72,10 @@ def configure(
     """Upstream's signature: defaults, then the config section, then the arguments given."""
     global _current
     s = Settings(mpu=mpu_ if mpu_ is not None else _current.mpu, configured=True)
+    from_section = {}
     if deepspeed_config is not None:
-        for k, v in _section(deepspeed_config).items():
+        from_section = _section(deepspeed_config)
+        for k, v in from_section.items():
             if hasattr(s, k):
                 setattr(s, k, v)
     given = {
@@ -88,6 +90,12 @@ def configure(
         if v is not None:
             setattr(s, k, v)
     _check(s)
+    if from_section.get("number_checkpoints") is not None and num_checkpoints is None:
+        if not s.contiguous_memory_optimization:  # Megatron passes it always: only the key's
+            logger.warning(
+                f"{_SECTION}.number_checkpoints has no effect without "
+                "contiguous_memory_optimization (it sizes that buffer's slots); remove it"
+            )
     _current = s
     logger.debug(
         f"activation checkpointing: cpu_checkpointing={s.cpu_checkpointing}, "
@@ -125,9 +133,30 @@ def configure_for_engine(config: Any, mpu: Any) -> None:
     deepspeed.checkpointing (upstream leaves that to model code, so a section set without
     a configure() call does nothing there), unless the user configured it themselves."""
     if _current.configured and not _current.by_engine:
+        _say_overridden(config)
         return
     configure(mpu, deepspeed_config=config)
     _current.by_engine = True
+
+
+def _say_overridden(config: Any) -> None:
+    """The section's keys that the user's earlier configure() left at other values: said,
+    not dropped unsaid."""
+    section = config.activation_checkpointing
+    fields = type(section).model_fields
+    differ = [
+        f"{_SECTION}.{k}={getattr(section, k)!r} (in effect: {getattr(_current, k)!r})"
+        for k in fields
+        if hasattr(_current, k)
+        and getattr(section, k) != fields[k].get_default(call_default_factory=True)
+        and getattr(section, k) != getattr(_current, k)
+    ]
+    if differ:
+        logger.warning(
+            "deepspeed.checkpointing.configure() ran before deepspeed.initialize and its "
+            f"settings stand: {', '.join(differ)}; pass deepspeed_config= to configure() (or "
+            "the same values) to apply the config's section"
+        )
 
 
 def is_configured() -> bool:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -81,6 +82,43 @@ def test_non_tensor_arguments_and_outputs_pass_through():
         assert ckpt.checkpoint(f, x, "u", mask)[1] == "u"
 
 
+def test_nested_and_dict_outputs_keep_their_gradients():
+    """Tensors one level down (a tuple in a tuple, a dict) are outputs of the graph too: the
+    reentrant path gave [4, 4, 4] (x * 2 dropped) and failed on a dict."""
+
+    def nested(a):
+        return (a * 2, (a * 3, "tag")), a * 4
+
+    def keyed(a):
+        return {"y": a * 2, "z": [a * 5], "n": 1}
+
+    x = torch.ones(3, requires_grad=True)
+    (y2, (y3, tag)), y4 = ckpt.checkpoint(nested, x)
+    assert tag == "tag"
+    (y2.sum() + y4.sum()).backward()
+    assert x.grad.tolist() == [6.0] * 3
+    x.grad = None
+    out = ckpt.checkpoint(keyed, x)
+    assert sorted(out) == ["n", "y", "z"] and out["n"] == 1
+    (out["y"].sum() + out["z"][0].sum()).backward()
+    assert x.grad.tolist() == [7.0] * 3
+
+
+def test_cpu_checkpointing_refuses_an_input_changed_in_place():
+    """A host input is kept as is (no copy): changed after the forward, the recompute would
+    read the new values, so the backward raises as autograd's own check does."""
+    ckpt.configure(None, checkpoint_in_cpu=True)
+    x0 = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    x = x0 * 1.0
+    y = ckpt.checkpoint(lambda a: a * a, x)
+    x.mul_(0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation: input 0"):
+        y.sum().backward()
+    x = x0 * 1.0  # unchanged: trains as without the setting
+    ckpt.checkpoint(lambda a: a * a, x).sum().backward()
+    assert x0.grad.tolist() == [2.0, 4.0, 6.0]
+
+
 def _tracked_dropout() -> tuple[torch.nn.Linear, Any]:
     """A linear layer and a function drawing its dropout from the tracker's stream."""
     ckpt.model_parallel_cuda_manual_seed(5)
@@ -136,6 +174,34 @@ def test_configure_from_a_config_and_arguments():
         None, deepspeed_config={"activation_checkpointing": {"profile": True}}, profile=False
     )
     assert not settings.current().profile  # an argument wins over the config
+
+
+def test_keys_without_effect_are_said(caplog: pytest.LogCaptureFixture):
+    """number_checkpoints from the section without the buffer it sizes, and a section an
+    earlier configure() overrides at initialize, are said by name."""
+    from deepspeed_ext.config import parse
+    from deepspeed_ext.utils.logging import logger
+
+    logger.propagate = True  # let caplog see it
+    try:
+        with caplog.at_level(logging.WARNING, logger="deepspeed_ext"):
+            section = {"activation_checkpointing": {"number_checkpoints": 4}}
+            ckpt.configure(None, deepspeed_config=section)
+            ckpt.configure(None, num_checkpoints=4)  # Megatron passes it always: quiet
+            first = caplog.text
+            caplog.clear()
+            ckpt.configure(None, checkpoint_in_cpu=False)  # the user's, before initialize
+            on = {"profile": True, "cpu_checkpointing": True}
+            settings.configure_for_engine(parse({"activation_checkpointing": on}), None)
+            same = {"activation_checkpointing": {"cpu_checkpointing": False}}
+            settings.configure_for_engine(parse(same), None)  # agrees: quiet
+    finally:
+        logger.propagate = False
+    assert first.count("number_checkpoints has no effect without contiguous") == 1
+    assert caplog.text.count("configure() ran before deepspeed.initialize") == 1
+    assert "activation_checkpointing.profile=True (in effect: False)" in caplog.text
+    assert "activation_checkpointing.cpu_checkpointing=True" in caplog.text
+    assert not settings.current().profile  # the user's settings stand
 
 
 @pytest.mark.parametrize(
