@@ -65,7 +65,7 @@ class OnebitAdam(OneBitOptimizer):
 
     @property
     def compressing(self) -> bool:
-        return int(self._first_state().get("step", 0)) >= self.freeze_step
+        return int(self._lead_state().get("step", 0)) >= self.freeze_step
 
     def allreduce_next(self) -> bool:
         return not self.compressing
@@ -78,6 +78,8 @@ class OnebitAdam(OneBitOptimizer):
                 loss = closure()
         compress = self.compressing
         work = self._with_grads(lambda p, st: zeros(p, st, "exp_avg", "exp_avg_sq"))
+        if compress:  # [Note: params first used after the warm-up]
+            self._first_variance(self._unmeasured(work), "var_steps")
         for p, st, group in work:
             beta1, beta2 = group["betas"]
             lr, wd = group["lr"], group["weight_decay"]
@@ -87,6 +89,7 @@ class OnebitAdam(OneBitOptimizer):
             st["exp_avg"].lerp_(grad, 1 - beta1)
             if not compress:
                 st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                st["var_steps"] = st["step"]  # torch's correction: this param's own steps
         if compress and work:  # all momenta in the same two collectives
             self.exchange([st["exp_avg"] for _, st, _ in work])
         for p, st, group in work:
@@ -95,7 +98,7 @@ class OnebitAdam(OneBitOptimizer):
             step_size = group["lr"] / (1 - beta1**step)
             denom = self._denoms.get(p) if compress else None
             if denom is None:
-                k = self.freeze_step if compress else step
+                k = st.get("var_steps", self.freeze_step)  # absent: saved before it was kept
                 denom = adamw_denom(st["exp_avg_sq"], beta2, k, group["eps"])
                 if compress:  # the variance is frozen: so is the denominator
                     self._denoms[p] = denom

@@ -9,9 +9,12 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext import comm
+from deepspeed_ext.comm.layout import resolve
 from deepspeed_ext.ops.cpu_optimizer import check_hparams
 from deepspeed_ext.ops.light_optimizer import LightOptimizer
 from deepspeed_ext.runtime.compression import CompressedExchange, SignCodec
+from deepspeed_ext.utils.logging import logger
 
 
 class OneBitOptimizer(LightOptimizer):
@@ -69,13 +72,73 @@ class OneBitOptimizer(LightOptimizer):
                 work.append((p, st, group))
         return work
 
-    def _first_state(self) -> dict[str, Any]:
-        for group in self.param_groups:
-            for p in group["params"]:
-                st = self.state.get(p)
-                if st:
-                    return st
-        return {}
+    def _lead_state(self) -> dict[str, Any]:
+        """The state that has counted the most steps: the schedule's clock. A param with no
+        gradient at some step counts fewer, and one first used late (a branch, an expert, a
+        layer unfrozen) starts at 1: read from it, the schedule went back to the warm-up."""
+        lead: dict[str, Any] = {}
+        for st in self.state.values():
+            if st and int(st.get("step", 0)) > int(lead.get("step", 0)):
+                lead = st
+        return lead
+
+    # [Note: params first used after the warm-up]
+    # The frozen variance is measured in the warm-up. A param with no gradient there (a
+    # branch, an expert or a head first used later, a layer unfrozen; the engine hands
+    # unused params zero gradients) has a variance of zeros, and once it gets a gradient
+    # every update was lr * m / eps (upstream's too): weights jumped by 1e4 in a step. Such
+    # a param's first non-zero gradient, averaged over the ranks uncompressed (one all-reduce
+    # of those params alone, each step until it comes), stands in for its variance, as one
+    # Adam variance step would (bias-corrected by 1 step), and the params are named once.
+    # Checked once per param (one host sync for all), then only while a param stays unmeasured.
+    def _unmeasured(self, work: list[Any]) -> list[Any]:
+        """The (param, state, group) items of work whose variance is all zeros."""
+        todo = [w for w in work if not w[1].get("measured")]
+        if not todo:
+            return []
+        seen = torch.stack([st["exp_avg_sq"].any() for _, st, _ in todo]).tolist()
+        for (_, st, _), s in zip(todo, seen):
+            st["measured"] = s or None
+        return [w for w, s in zip(todo, seen) if not s]
+
+    def _first_variance(self, late: list[Any], counter: str) -> list[Any]:
+        """For each unmeasured item whose mean gradient is non-zero: its variance from it,
+        counted as 1 variance step in state[counter]. Those items and their mean gradients
+        ([Note: params first used after the warm-up])."""
+        if not late:
+            return []
+        group = self.deepspeed.layout.data if self.deepspeed is not None else None
+        grads = [p.grad.detach().reshape(-1).float() for p, _, _ in late]
+        flat = torch.cat(grads)
+        comm.all_reduce(flat, group=group)
+        flat /= resolve(group)[1]
+        means = [
+            v.view(p.shape) for v, (p, _, _) in zip(flat.split([g.numel() for g in grads]), late)
+        ]
+        got = torch.stack([g.any() for g in means]).tolist()
+        out = []
+        for item, g, ok in zip(late, means, got):
+            if not ok:  # no gradient anywhere yet: its momentum is 0, and so its update
+                continue
+            p, st, grp = item
+            st["exp_avg_sq"].addcmul_(g, g, value=1 - grp["betas"][1])
+            st[counter] = 1
+            st["measured"] = True
+            self._denoms.pop(p, None)
+            out.append((item, g))
+        if out:
+            names = self._names([p for (p, _, _), _ in out])
+            logger.warning(
+                f"{type(self).__name__}: {', '.join(names)} got a first gradient after the "
+                "warm-up (freeze step), which measures the variance: theirs is taken from "
+                "that gradient averaged over the ranks"
+            )
+        return out
+
+    def _names(self, params: list[torch.Tensor]) -> list[str]:
+        module = getattr(self.deepspeed, "module", None)
+        known = {id(p): n for n, p in module.named_parameters()} if module is not None else {}
+        return [known.get(id(p), f"a param of shape {tuple(p.shape)}") for p in params]
 
     # -- checkpoints: the optimizer state is written once (data-parallel rank 0); what
     # differs by rank goes to each rank's own file --

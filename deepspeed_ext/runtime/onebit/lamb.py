@@ -88,7 +88,7 @@ class OnebitLamb(OneBitOptimizer):
 
     @property
     def compressing(self) -> bool:
-        return int(self._first_state().get("step", 0)) >= self.freeze_step
+        return int(self._lead_state().get("step", 0)) >= self.freeze_step
 
     def allreduce_next(self) -> bool:
         return not self.compressing
@@ -153,7 +153,21 @@ class OnebitLamb(OneBitOptimizer):
             coeffs.extend(out.unbind())
         return coeffs
 
+    def _first_seen(self, late: list[Any]) -> None:
+        """[Note: params first used after the warm-up]: a param first used now has neither
+        the warm-up's variance nor its trust ratio (0: it never moved). Both are taken from
+        its first gradient averaged over the ranks, as one warm-up step would make them."""
+        for (p, st, group), g in self._first_variance(late, "var_steps"):
+            st["exp_avg_sq_fresh"] = st["exp_avg_sq"].clone()
+            update = g.mul(1 - group["betas"][0]) / st["exp_avg_sq"].sqrt().add_(group["eps"])
+            if group["weight_decay"]:
+                update.add_(p, alpha=group["weight_decay"])
+            w, u = float(p.norm()), float(update.norm())
+            ratio = w / u if w > 0 and u > 0 else 1.0
+            st["lamb_coeff_freeze"] = min(max(ratio, group["min_coeff"]), group["max_coeff"])
+
     def _compressed(self, work: list[Any]) -> list[torch.Tensor]:
+        self._first_seen(self._unmeasured(work))
         last = [st["exp_avg"].clone() for _, st, _ in work]
         for p, st, group in work:
             st["exp_avg"].lerp_(p.grad, 1 - group["betas"][0])
@@ -179,7 +193,7 @@ class OnebitLamb(OneBitOptimizer):
             factor = torch.clamp(factor, min=last_f * (1 - thr), max=last_f * (1 + thr))
             st["last_factor"] = factor  # kept on the device: no sync per tensor
             coeff = st["lamb_coeff_freeze"] * factor
-            size = _step_size(group, st["step"], self.freeze_step)
+            size = _step_size(group, st["step"], st.get("var_steps", self.freeze_step))
             p.add_(update * coeff, alpha=-size)
             coeffs.append(coeff.reshape(()))
         return coeffs

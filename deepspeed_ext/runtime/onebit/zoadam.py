@@ -95,7 +95,7 @@ class ZeroOneAdam(OneBitOptimizer):
 
     # -- the schedule, read from the first param's state --
     def _schedule(self) -> dict[str, Any]:
-        st = self._first_state()
+        st = self._lead_state()
         return {
             "step": int(st.get("step", 0)),
             "var_interval": int(st.get("var_interval", 1)),
@@ -116,7 +116,7 @@ class ZeroOneAdam(OneBitOptimizer):
         work = self._advance()
         if not work:
             return loss
-        t = work[0][1]["step"]
+        t = int(self._lead_state()["step"])
         if t <= self.var_freeze_step:
             self._variance_phase(work, t)
         else:
@@ -135,6 +135,8 @@ class ZeroOneAdam(OneBitOptimizer):
 
     def _variance_phase(self, work: list[Any], t: int) -> None:
         full = t % work[0][1]["var_interval"] == 0
+        if not full:  # [Note: params first used after the warm-up]
+            self._first_variance(self._unmeasured(work), "var_updates")
         grads = [p.grad for p, _, _ in work]
         if not full:  # each rank's own gradient: their 1-bit mean instead
             grads = [g.detach().clone() for g in grads]
@@ -154,6 +156,8 @@ class ZeroOneAdam(OneBitOptimizer):
         if t == self.var_freeze_step + 1:  # the exchanged quantity changes: fresh errors
             self.exchange.load_state_dict(None)
             self._denoms = {}
+        self._first_variance(self._unmeasured(work), "var_updates")  # [Note: params first
+        # used after the warm-up]
         for p, st, group in work:
             if "anchor" not in st:  # the params every rank shares until the next sync
                 st["anchor"] = p.detach().clone()
@@ -181,7 +185,7 @@ class ZeroOneAdam(OneBitOptimizer):
 
     def _count(self, work: list[Any], t: int) -> None:
         """The schedule's counters, the same in every param's state."""
-        st0 = work[0][1]
+        st0 = self._lead_state()
         c = {k: st0[k] for k in _COUNTERS}
         if t <= self.var_freeze_step:
             if t % c["var_interval"] == 0:

@@ -395,3 +395,51 @@ def resume_wider(ckpt: str) -> dict[str, Any]:
         engine.load_checkpoint(ckpt, tag=name)
         out[name] = {"losses": _train(engine, range(4, 7)), "params": _params(engine)}
     return out
+
+
+class _LateBranch(torch.nn.Module):
+    """A branch first used at step 5, after the warm-up, and first in parameter order (the
+    state read as the schedule's clock)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(7)
+        self.late = torch.nn.Linear(16, 4)
+        self.body = mlp()
+
+    def forward(self, x: torch.Tensor, use: bool) -> torch.Tensor:
+        return self.body(x) + self.late(x) if use else self.body(x)
+
+
+LATE = {
+    "OneBitAdam": {"type": "OneBitAdam", "params": {"lr": 1e-2, "freeze_step": 3}},
+    "ZeroOneAdam-local": zero_one(freeze=3, scaler=2),
+    "ZeroOneAdam-variance": zero_one(freeze=100, scaler=1),  # step 5: no variance step
+    "OneBitLamb": {"type": "OneBitLamb", "params": {"lr": 1e-2, "freeze_step": 3}},
+}
+
+
+def late_branch() -> dict[str, Any]:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    out: dict[str, Any] = {}
+    for name, optimizer in LATE.items():
+        runs = {}
+        for use_from in (5, 99):  # 99: never used, the schedule's reference
+            engine, *_ = initialize(
+                model=_LateBranch(),
+                config={"train_micro_batch_size_per_gpu": 8, "optimizer": optimizer},
+            )
+            w0 = engine.module.late.weight.detach().clone()
+            flags, losses, moved = [], [], []
+            for s in range(9):
+                flags.append(engine.enable_backward_allreduce)
+                x, y = batch(s, engine.dp_rank)
+                loss = torch.nn.functional.mse_loss(engine(x, use=s + 1 >= use_from), y)
+                engine.backward(loss)
+                engine.step()
+                losses.append(float(loss.detach()))
+                moved.append(float((engine.module.late.weight - w0).abs().max()))
+            runs[use_from] = {"flags": flags, "losses": losses, "moved": moved}
+        out[name] = runs
+    return out

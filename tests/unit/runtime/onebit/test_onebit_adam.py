@@ -63,6 +63,34 @@ def test_a_resume_on_more_ranks_restarts_the_error_buffers(tmp_path: Path) -> No
             assert torch.equal(p, r1[name]["params"][n]), (name, n)
 
 
+def test_a_param_first_used_after_the_warm_up_trains_sanely() -> None:
+    """A branch first used after the freeze had a variance of zeros (updates of lr * m / eps:
+    weights jumped by 1e4; 1-bit LAMB's trust ratio of 0 never moved it), and, first in
+    parameter order, its step count of 1 sent the schedule back to the warm-up. Now its first
+    gradient, averaged over the ranks, gives its variance (and LAMB's ratio), and the
+    schedule is the one of the same run without the branch."""
+    r0, r1 = run_ranks(runs.late_branch, 2, timeout=240)
+    for name in runs.LATE:
+        late, never = r0[name][5], r0[name][99]
+        assert late["flags"] == never["flags"] == r1[name][5]["flags"], name
+        assert max(late["moved"][:4]) < 1e-3, name  # weight decay alone (0/1 Adam's)
+        assert 5e-4 < late["moved"][4] < 0.1 and max(late["moved"]) < 0.3, (name, late["moved"])
+        assert all(math.isfinite(x) and x < 5 for x in late["losses"]), (name, late["losses"])
+
+
+def test_the_schedule_reads_the_params_that_counted_most_steps() -> None:
+    """A param with no gradient until after the freeze (frozen, then unfrozen), first in
+    order, starts counting at 1: the schedule read from it went back to the warm-up."""
+    late, early = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    opt = OnebitAdam([late, early], lr=1e-2, freeze_step=2)
+    for step in range(1, 6):
+        early.grad = torch.full((3,), 0.5)
+        late.grad = torch.full((3,), 0.5) if step >= 4 else None
+        opt.step()
+        assert opt.compressing == (step >= 2), step
+    assert (late - 1).abs().max() < 0.05  # and it moved like a fresh Adam param, not by 1e4
+
+
 def test_a_pipeline_compresses_within_each_stages_data_parallel_group() -> None:
     outs = run_ranks(runs.pipeline_onebit, 4, timeout=300)
     by_stage: dict[int, list[dict]] = {}
