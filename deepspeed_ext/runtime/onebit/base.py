@@ -98,7 +98,7 @@ class OneBitOptimizer(LightOptimizer):
             return []
         seen = torch.stack([st["exp_avg_sq"].any() for _, st, _ in todo]).tolist()
         for (_, st, _), s in zip(todo, seen):
-            st["measured"] = s or None
+            st["measured"] = s
         return [w for w, s in zip(todo, seen) if not s]
 
     def _first_variance(self, late: list[Any], counter: str) -> list[Any]:
