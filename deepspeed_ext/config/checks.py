@@ -191,6 +191,42 @@ def _onebit(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return []
 
 
+# torch.optim classes whose update is not elementwise: stepping ZeRO's flat partitions is
+# not stepping the params (factored or per-tensor second moments, orthogonalised matrices,
+# line searches); LAMB's trust ratio needs each tensor whole
+_WHOLE_TENSOR = {
+    "adafactor": "factors the second moment of each weight matrix",
+    "muon": "orthogonalises each weight matrix",
+    "lbfgs": "searches along the whole parameter vector",
+    "sparseadam": "takes sparse gradients, which ZeRO does not make",
+    "lamb": "scales each tensor's update by a trust ratio of its whole norms",
+}
+
+
+def _optimizer(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """An optimizer section must name its type; one ZeRO cannot partition is refused before
+    any rank starts (a client optimizer object is checked at initialize)."""
+    opt = cfg.optimizer
+    if opt is None:
+        return []
+    if not opt.type:
+        if opt.params:
+            return [
+                "optimizer.params are given without optimizer.type: no optimizer would be "
+                'built from them; name one ("type": "AdamW", ...) or remove the section'
+            ]
+        return []
+    why = _WHOLE_TENSOR.get(str(opt.type).lower())
+    stage = cfg.zero_optimization.stage
+    if why and stage != 0 and "zero_optimization.stage" not in autos:
+        return [
+            f"optimizer.type '{opt.type}' {why}, which ZeRO's flat partitions cannot give it "
+            f"(zero_optimization.stage is {stage}): use stage 0, or an elementwise optimizer "
+            "such as AdamW"
+        ]
+    return []
+
+
 def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     """Compressed gradients replace the data-parallel all-reduce (stage 0) or reduce-scatter
     (ZeRO 1/2) of the mean."""
@@ -314,6 +350,7 @@ CHECKS: tuple[Check, ...] = (
     _tensor_parallel,
     _monitor_packages,
     _onebit,
+    _optimizer,
     _gradient_compression,
     _communication,
     _slow_nodes,

@@ -61,10 +61,11 @@ def check_zero_optimizer(optimizer: Any, config: Any, client: bool) -> None:
             'flat partitions of the params: set "zero_allow_untested_optimizer": true if its '
             "update is elementwise, or use DeepSpeedCPUAdam/FusedAdam/torch Adam(W)"
         )
-    if offload_device(config) in ("cpu", "nvme") and not isinstance(optimizer, CPU_OPTIMIZERS):
+    device = offload_device(config)
+    if device in ("cpu", "nvme") and not isinstance(optimizer, CPU_OPTIMIZERS):
         if config.zero_force_ds_cpu_optimizer:
             raise ZeroConfigError(
-                f"zero_optimization.offload_optimizer.device is 'cpu' but the optimizer is "
+                f"zero_optimization.offload_optimizer.device is {device!r} but the optimizer is "
                 f"{type(optimizer).__name__}: offloaded partitions step with DeepSpeedCPUAdam "
                 "(optimizer type 'adam'/'adamw' in the config does that), or set "
                 '"zero_force_ds_cpu_optimizer": false to step them with this one on the CPU'

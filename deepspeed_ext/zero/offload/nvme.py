@@ -2,17 +2,23 @@
 
 [Note: NVMe swap files]
 Each swapper owns <nvme_path>/zero_stage_3/<tag>/rank<rank>/, one file per key, removed on
-close() and at interpreter exit. The bytes on disk are the tensor's raw bytes (any dtype);
-the swapper remembers numel and dtype per key, and swap_in checks them. Contiguous CPU
-tensors go to the op as they are (it bounces unaligned memory through page-aligned buffers
-itself); device or non-contiguous tensors are staged through a small pool of page-aligned
-buffers. An async op's tensors must stay untouched until wait(); an op on a key that is
-still in flight waits first, so a read never overtakes the write of the same key.
+close() and at interpreter exit. It holds a lock on the directory while it lives: a second
+swapper of the same path, tag and rank (two engines of one process, an RLHF actor and critic,
+or another job on the machine) takes rank<rank>.1/ and so on, where it used to delete the
+first one's files as a crashed run's leftovers and read and write its keys.
+The bytes on disk are the tensor's raw bytes (any dtype); the swapper remembers numel and
+dtype per key, and swap_in checks them. Contiguous CPU tensors go to the op as they are (it
+bounces unaligned memory through page-aligned buffers itself); device or non-contiguous
+tensors are staged through a small pool of page-aligned buffers. An async op's tensors must
+stay untouched until wait(); an op on a key that is still in flight waits first, so a read
+never overtakes the write of the same key.
 Not thread-safe: one swapper per training thread.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -101,9 +107,10 @@ class _Entry:
 class _Files:
     """What cleanup needs, without the swapper (so the exit-time finalizer keeps no cycle)."""
 
-    def __init__(self, root: str, handles: list[AioHandle]) -> None:
+    def __init__(self, root: str, handles: list[AioHandle], lock: int) -> None:
         self.root = root
         self.handles = handles
+        self.lock = lock
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -113,12 +120,34 @@ class _Files:
             except RuntimeError:
                 pass  # reported by wait() if anyone still asks; the files go regardless
         shutil.rmtree(self.root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(self.root + ".lock")
+        os.close(self.lock)  # after the files: no other swapper takes the directory before
         tag_dir = os.path.dirname(self.root)
         for d in (tag_dir, os.path.dirname(tag_dir)):  # other ranks' dirs may remain
             try:
                 os.rmdir(d)
             except OSError:
                 break
+
+
+def _own_directory(tag_dir: str, rank: int) -> tuple[str, int]:
+    """rank<rank>/ under tag_dir, or rank<rank>.<n>/ for the first n no live swapper holds
+    ([Note: NVMe swap files]); the directory and the descriptor holding its lock."""
+    for n in range(1024):
+        d = os.path.join(tag_dir, f"rank{int(rank)}" + (f".{n}" if n else ""))
+        try:
+            os.makedirs(d, exist_ok=True)
+            fd = os.open(d + ".lock", os.O_CREAT | os.O_RDWR, 0o600)  # beside: keys alone in d
+        except OSError as e:
+            raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)  # a live swapper's: the next one
+            continue
+        return d, fd
+    raise ValueError(f"NVMeSwapper: 1024 live swappers hold the directories of {tag_dir!r}")
 
 
 class NVMeSwapper:
@@ -129,11 +158,7 @@ class NVMeSwapper:
     ) -> None:
         if not re.fullmatch(r"[A-Za-z0-9_.-]+", tag) or tag in (".", ".."):
             raise ValueError(f"NVMeSwapper: tag {tag!r} must be a plain file name")
-        self._dir = os.path.join(nvme_path, "zero_stage_3", tag, f"rank{int(rank)}")
-        try:
-            os.makedirs(self._dir, exist_ok=True)
-        except OSError as e:
-            raise ValueError(f"NVMeSwapper: cannot create {self._dir!r} ({e.strerror})") from None
+        self._dir, lock = _own_directory(os.path.join(nvme_path, "zero_stage_3", tag), rank)
         for name in os.listdir(self._dir):  # left by a crashed run of the same tag and rank
             if name.endswith(".swp"):
                 os.unlink(os.path.join(self._dir, name))
@@ -152,7 +177,7 @@ class NVMeSwapper:
         self._writing: set[str] = set()  # keys with a write not yet waited for
         self._staged: list[torch.Tensor] = []  # staging buffers of in-flight writes
         self._pool: list[torch.Tensor] = []  # free page-aligned uint8 staging buffers
-        self._cleanup = weakref.finalize(self, _Files(self._dir, self._handles).remove)
+        self._cleanup = weakref.finalize(self, _Files(self._dir, self._handles, lock).remove)
 
     @property
     def directory(self) -> str:

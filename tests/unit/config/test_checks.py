@@ -38,11 +38,28 @@ from deepspeed_ext.config import ConfigError, parse
             {"gradient_allreduce_op": "sum", "zero_optimization": {"stage": 3}},
             'gradient_allreduce_op "sum" does not work with zero_optimization.stage 3',
         ),
+        (
+            {"optimizer": {"params": {"lr": 1e-3}}},
+            "optimizer.params are given without optimizer.type",
+        ),
+        (
+            {"optimizer": {"type": "Adafactor"}, "zero_optimization": {"stage": 2}},
+            "'Adafactor' factors the second moment .*zero_optimization.stage is 2",
+        ),
+        (
+            {"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 1}},
+            "'Lamb' scales each tensor's update by a trust ratio",
+        ),
     ],
 )
 def test_inconsistent_sections(cfg, message):
     with pytest.raises(ConfigError, match=message):
         parse(cfg)
+
+
+def test_whole_tensor_optimizers_pass_at_stage_0():
+    for kind in ("Adafactor", "Lamb", "Muon"):
+        assert parse({"optimizer": {"type": kind}}).optimizer.type == kind
 
 
 def test_consistent_variants_pass():

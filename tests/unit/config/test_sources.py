@@ -30,7 +30,8 @@ def test_from_json_file(tmp_path, as_path):
 
 @pytest.mark.parametrize("encode", [base64.urlsafe_b64encode, base64.b64encode])
 def test_from_base64(encode):
-    text = encode(json.dumps({**CFG, "optimizer": {"params": {"x": "??>>"}}}).encode()).decode()
+    opt = {"type": "Adam", "params": {"x": "??>>"}}  # characters base64 encodes to + / _ -
+    text = encode(json.dumps({**CFG, "optimizer": opt}).encode()).decode()
     cfg = parse(text)
     assert cfg.train_batch_size == 8 and cfg.optimizer.params["x"] == "??>>"
     assert cfg.source == "<base64>"

@@ -173,6 +173,33 @@ def test_files_live_under_rank_dir_and_close_removes_them(tmp_path):
         s.swap_out("m", torch.zeros(1))
 
 
+def test_swappers_sharing_a_path_keep_their_own_files(tmp_path):
+    """Two engines of one process given the same nvme_path (an RLHF actor and critic): the
+    second took the first's directory, deleted its files as a crashed run's and wrote over
+    its keys. A live swapper's directory is locked; the next takes rank<r>.1, and a crashed
+    run's leftovers (no live owner) are still cleared."""
+    root = tmp_path / "zero_stage_3" / "params"
+    stale = root / "rank0" / "old.swp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"x")
+    a = NVMeSwapper(str(tmp_path), 0, "params", aio=AIO)
+    assert Path(a.directory) == root / "rank0" and not stale.exists()
+    a.swap_out("k", torch.full((64,), 1.0))
+    b = NVMeSwapper(str(tmp_path), 0, "params", aio=AIO)
+    assert Path(b.directory) == root / "rank0.1"
+    b.swap_out("k", torch.full((64,), 2.0))
+    got_a, got_b = torch.empty(64), torch.empty(64)
+    a.swap_in("k", got_a)
+    b.swap_in("k", got_b)
+    assert got_a.eq(1.0).all() and got_b.eq(2.0).all()
+    a.close()
+    c = NVMeSwapper(str(tmp_path), 0, "params", aio=AIO)  # rank0 is free again
+    assert Path(c.directory) == root / "rank0"
+    b.close()
+    c.close()
+    assert not (tmp_path / "zero_stage_3").exists()
+
+
 def test_files_removed_at_interpreter_exit(tmp_path):
     code = (
         "import torch\nfrom deepspeed_ext.zero.offload import NVMeSwapper\n"

@@ -29,6 +29,12 @@ def _init(kind: str) -> str:
     elif kind == "offload_torch":
         opt = torch.optim.AdamW(model.parameters())
         cfg["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+    elif kind == "offload_nvme_torch":
+        import tempfile
+
+        opt = torch.optim.AdamW(model.parameters())
+        nvme = {"device": "nvme", "nvme_path": tempfile.mkdtemp()}
+        cfg["zero_optimization"] = {"stage": 3, "offload_optimizer": nvme}
     elif kind == "lamb":
         cfg["optimizer"] = {"type": "Lamb", "params": {"lr": 1e-3}}
     try:
@@ -44,7 +50,8 @@ def _init(kind: str) -> str:
         ("untested", "zero_allow_untested_optimizer"),
         ("untested_allowed", "ok"),
         ("offload_torch", "zero_force_ds_cpu_optimizer"),
-        ("lamb", "lamb"),
+        ("offload_nvme_torch", "offload_optimizer.device is 'nvme' but the optimizer is AdamW"),
+        ("lamb", "trust ratio"),
     ],
 )
 def test_zero_optimizer_checks(kind, expect):
