@@ -319,6 +319,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     ) -> torch.Tensor:
         self._states_here("backward")
         scaled = self._scaled_loss(loss, scale_wrt_gas)
+        self._pending_backwards += 1
         self.strategy.begin_backward(self.is_gradient_accumulation_boundary())
         with self.timers.phase("backward"):
             scaled.backward(retain_graph=retain_graph)
@@ -333,6 +334,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         if boundary:
             with self.timers.phase("step"):
                 self._model_step(lr_kwargs or {})
+            self._pending_backwards = 0
             if self.slow_nodes is not None:
                 self.slow_nodes.on_step(self.global_steps)
             self.metrics.on_step(
@@ -428,6 +430,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self.strategy.sync_enabled = True
 
     def zero_grad(self, set_to_none: bool = True) -> None:
+        self._pending_backwards = 0
         self.strategy.zero_grads()
         for p in self.module.parameters():
             p.grad = None

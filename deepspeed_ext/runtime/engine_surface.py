@@ -25,6 +25,10 @@ class EngineSurface:
     _gas: int
     micro_steps: int
     _window_start = 0  # the micro-step the current accumulation window began at
+    # backward() calls since the last optimizer step (or zero_grad): gradients a checkpoint
+    # does not hold. Counted here, not from micro_steps: Accelerate calls step() only at the
+    # boundary, set by set_gradient_accumulation_boundary()
+    _pending_backwards = 0
     _step_applied: bool = False
     _is_compiled: bool = False
 

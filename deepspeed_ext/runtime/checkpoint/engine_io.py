@@ -62,16 +62,28 @@ def _warn_mid_accumulation(engine: Any) -> None:
     """A checkpoint holds no gradients: saved between a batch's micro-steps, its resume
     steps at that batch's boundary with the later micro-batches' gradients alone."""
     gas = int(engine.gradient_accumulation_steps())
-    # counted from the last batch-size change, as is_gradient_accumulation_boundary counts
-    micro = int(engine.micro_steps) - int(getattr(engine, "_window_start", 0))
-    if gas > 1 and micro % gas and engine.rank == 0:
+    pending = int(getattr(engine, "_pending_backwards", 0))
+    if pending and engine.rank == 0:
         logger.warning(
-            f"save_checkpoint at micro-step {micro % gas} of {gas} "
-            "(gradient_accumulation_steps): the gradients this batch has accumulated are "
-            "not saved, so a resume steps at this batch's boundary with the remaining "
-            f"{gas - micro % gas} micro-batch(es)' gradients only. Save after engine.step() "
-            "completes a batch (micro_steps a multiple of gradient_accumulation_steps)"
+            f"save_checkpoint after {pending} backward(s) of a batch of {gas} micro-batches "
+            "(gradient_accumulation_steps) whose optimizer step has not run: the gradients "
+            "this batch has accumulated are not saved, so a resume steps at this batch's "
+            "boundary with the later micro-batches' gradients only. Save after the "
+            "engine.step() that completes a batch"
         )
+
+
+def _drop_pending_gradients(engine: Any) -> None:
+    """A load puts the engine at the saved batch boundary: gradients accumulated before it
+    (an unfinished batch) would leak into its first step."""
+    pending = int(getattr(engine, "_pending_backwards", 0))
+    if pending:
+        engine.zero_grad()
+        if engine.rank == 0:
+            logger.warning(
+                f"load_checkpoint dropped the gradients of {pending} backward(s) since the last "
+                "optimizer step: training continues from the checkpoint's batch boundary"
+            )
 
 
 def save_checkpoint(
@@ -167,6 +179,7 @@ def load_checkpoint(
     mp_rank = engine.layout.model.rank
     path = load_dir / str(tag) / layout.model_states_name(mp_rank)
     state = engine._checkpoint_state(load_dir / str(tag), path, load_module_strict)
+    _drop_pending_gradients(engine)
     files = RankFileReader(path.parent, mp_rank)
     engine.strategy.load_model_state(state, load_module_strict, files)
     if not load_module_only:

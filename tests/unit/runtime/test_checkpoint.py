@@ -186,7 +186,9 @@ def test_client_state_may_not_overwrite_engine_keys(tmp_path):
 
 
 def _mid_accumulation(save_dir: str) -> list[bool]:
-    """Saves after micro-steps 1, 2 and 3 of a 3-step accumulation: whether each warned."""
+    """Saves after micro-steps 1, 2 and 3 of a 3-step accumulation and after an Accelerate
+    style batch: whether each warned; then a load mid-batch: whether it said it dropped the
+    gradients, and whether the next batch equals one stepped from the file alone."""
     import logging
 
     import torch
@@ -204,19 +206,49 @@ def _mid_accumulation(save_dir: str) -> list[bool]:
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("deepspeed_ext").addHandler(handler)
     warned = []
-    for i in range(3):
-        x = torch.randn(1, 16)
+
+    def micro(i: int, step: bool = True) -> None:
+        x = torch.randn(1, 16, generator=torch.Generator().manual_seed(i))
         engine.backward(engine(x).pow(2).mean())
-        engine.step()
+        if step:
+            engine.step()
+
+    def saved(tag: str) -> bool:
         seen.clear()
-        engine.save_checkpoint(save_dir, tag=f"t{i}")
-        warned.append(any("gradients this batch has accumulated" in m for m in seen))
-    return warned
+        engine.save_checkpoint(save_dir, tag=tag)
+        return any("gradients this batch has accumulated" in m for m in seen)
+
+    for i in range(3):
+        micro(i)
+        warned.append(saved(f"t{i}"))
+    # Accelerate's way: the boundary set by hand, step() called at the boundary alone
+    for i in range(3):
+        engine.set_gradient_accumulation_boundary(i == 2)
+        micro(10 + i, step=i == 2)
+    warned.append(saved("accelerate"))
+    # a load after half a batch drops that half: the next batch steps as from the file
+    micro(20)
+    seen.clear()
+    engine.load_checkpoint(save_dir, tag="accelerate")
+    dropped = any("dropped the gradients of 1 backward" in m for m in seen)
+    for i in range(3):
+        micro(30 + i)
+    after = [p.detach().clone() for p in engine.module.parameters()]
+    fresh, *_ = initialize(model=mlp(), config=config)
+    fresh.load_checkpoint(save_dir, tag="accelerate")
+    for i in range(3):
+        x = torch.randn(1, 16, generator=torch.Generator().manual_seed(30 + i))
+        fresh.backward(fresh(x).pow(2).mean())
+        fresh.step()
+    same = all(torch.equal(a, b.detach()) for a, b in zip(after, fresh.module.parameters()))
+    return warned + [dropped, same]
 
 
 def test_a_save_mid_accumulation_says_its_gradients_are_not_saved(tmp_path):
     """A checkpoint holds no gradients: saved mid-batch, the resume would step with the
     later micro-batches' alone; the save says so (it was silent), and a save at the
-    boundary does not."""
+    boundary does not, however the boundary was reached (Accelerate calls step() at the
+    boundary alone: the save warned). A load mid-batch drops the gradients accumulated
+    before it (they leaked into the next step), and says so."""
     (warned,) = run_ranks(_mid_accumulation, 1, str(tmp_path))
-    assert warned == [True, True, False]
+    assert warned == [True, True, False, False, True, True]
