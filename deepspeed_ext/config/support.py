@@ -264,6 +264,48 @@ def pipeline_only_set(cfg: DeepSpeedConfig) -> list[str]:
     return out
 
 
+def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
+    """Keys only another ZeRO stage (or offload device) reads, set where they cannot act:
+    one line per reason, said once at start like the NOTED keys (they move memory, never
+    what training computes)."""
+    z = cfg.zero_optimization
+    fields = type(z).model_fields
+    stage, out = z.stage, []
+
+    def given(name: str) -> bool:
+        return getattr(z, name) != fields[name].get_default(call_default_factory=True)
+
+    if stage < 3:
+        keys = [f"zero_optimization.{n}" for n in fields if n.startswith("stage3_") and given(n)]
+        keys += ["zero_optimization.sub_group_size"] if given("sub_group_size") else []
+        if z.offload_param is not None and z.offload_param.device != "none":
+            keys.append("zero_optimization.offload_param")
+        if keys:
+            out.append(
+                f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect at "
+                f"zero_optimization.stage {stage}: only stage 3 (partitioned parameters) reads "
+                f"{'it' if len(keys) == 1 else 'them'}"
+            )
+    off = z.offload_optimizer
+    if stage == 0 and off is not None and off.device != "none":
+        out.append(
+            "zero_optimization.offload_optimizer has no effect at zero_optimization.stage 0: "
+            "the optimizer runs beside the model; offload needs stage 1, 2 or 3"
+        )
+    if off is not None and off.device == "cpu":
+        keys = [
+            f"zero_optimization.offload_optimizer.{k}"
+            for k in ("pipeline_read", "pipeline_write")
+            if getattr(off, k)
+        ]
+        if keys:
+            out.append(
+                f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect with "
+                'offload_optimizer.device "cpu": they overlap NVMe reads and writes'
+            )
+    return out
+
+
 def noted(cfg: DeepSpeedConfig) -> list[str]:
     """One line per NOTED key the config sets."""
     return [

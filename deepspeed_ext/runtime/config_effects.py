@@ -24,7 +24,7 @@ def at_start(config: Any, pipeline: bool) -> None:
                 "info, warning, error, critical"
             )
         logger.setLevel(level)
-    for line in support.noted(config):
+    for line in [*support.noted(config), *support.stage_mismatched(config)]:
         logger.warning(line)
     if not pipeline:
         unused = support.pipeline_only_set(config)

@@ -107,6 +107,7 @@ def estimate_job_memory(
     comm = cfg.communication_data_type
     c_bytes = config_dtype(comm).itemsize if comm else g_bytes
     off_opt = str(getattr(zero.offload_optimizer, "device", "none") or "none") != "none"
+    off_opt = off_opt and stage > 0  # stage 0 keeps the optimizer beside the model
     off_param = str(getattr(zero.offload_param, "device", "none") or "none") != "none"
     states = zero_model_state_memory(
         psi,
