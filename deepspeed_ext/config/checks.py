@@ -203,6 +203,11 @@ _WHOLE_TENSOR = {
 }
 
 
+# optimizer params every optimizer takes as numbers: a quoted one ("1e-3", as YAML or an
+# environment variable leaves it) failed deep in the constructor, naming neither
+_NUMERIC_PARAMS = {"lr", "eps", "weight_decay", "momentum", "dampening", "max_coeff", "min_coeff"}
+
+
 def _optimizer(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     """An optimizer section must name its type; one ZeRO cannot partition is refused before
     any rank starts (a client optimizer object is checked at initialize)."""
@@ -216,6 +221,16 @@ def _optimizer(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
                 'built from them; name one ("type": "AdamW", ...) or remove the section'
             ]
         return []
+    out = [
+        f"optimizer.params.{k} is the string {v!r}: give a number ({v} without quotes)"
+        for k, v in opt.params.items()
+        if k in _NUMERIC_PARAMS and isinstance(v, str) and v != "auto"
+    ]
+    betas = opt.params.get("betas")
+    if isinstance(betas, (list, tuple)) and any(isinstance(b, str) for b in betas):
+        out.append(f"optimizer.params.betas is {betas!r}: give two numbers, without quotes")
+    if out:
+        return out
     why = _WHOLE_TENSOR.get(str(opt.type).lower())
     stage = cfg.zero_optimization.stage
     if why and stage != 0 and "zero_optimization.stage" not in autos:

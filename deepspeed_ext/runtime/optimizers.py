@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import re
 from typing import Any
 
 import torch
@@ -42,6 +43,25 @@ def _torch_optimizers() -> dict[str, type]:
 
 class OptimizerConfigError(ValueError):
     pass
+
+
+def _did_you_mean(exc: Exception) -> str:
+    """For "got an unexpected keyword argument 'betaz'": the constructor's closest name."""
+    m = re.search(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'", str(exc))
+    if m is None:
+        return ""
+    cls = next((c for c in _constructors() if c.__name__ == m.group(1)), None)
+    if cls is None:
+        return ""
+    names = list(inspect.signature(cls).parameters)[1:]  # after the params themselves
+    close = difflib.get_close_matches(m.group(2), names, n=1)
+    return f"; did you mean '{close[0]}'?" if close else f"; it takes {', '.join(names)}"
+
+
+def _constructors() -> list[type]:
+    ours = [DeepSpeedCPUAdam, FusedAdam, DeepSpeedCPUAdagrad, DeepSpeedCPULion, FusedLion]
+    ours += [FusedLamb, OnebitAdam, ZeroOneAdam, OnebitLamb]
+    return [*ours, *_torch_optimizers().values()]
 
 
 def build_optimizer(
@@ -87,7 +107,8 @@ def build_optimizer(
         if isinstance(exc, OptimizerConfigError):
             raise
         raise OptimizerConfigError(
-            f"optimizer.params for '{name}' are not accepted: {exc} (given: {hparams})"
+            f"optimizer.params for '{name}' are not accepted: {exc}{_did_you_mean(exc)} "
+            f"(given: {hparams})"
         ) from None
     known = sorted(set(OUR_NAMES) | set(_torch_optimizers()))
     close = difflib.get_close_matches(key, known, n=1)

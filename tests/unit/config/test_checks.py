@@ -43,6 +43,14 @@ from deepspeed_ext.config import ConfigError, parse
             "optimizer.params are given without optimizer.type",
         ),
         (
+            {"optimizer": {"type": "AdamW", "params": {"lr": "1e-3"}}},
+            "optimizer.params.lr is the string '1e-3': give a number",
+        ),
+        (
+            {"optimizer": {"type": "Adam", "params": {"betas": ["0.9", 0.99]}}},
+            r"optimizer.params.betas is \('0.9', 0.99\): give two numbers",
+        ),
+        (
             {"optimizer": {"type": "Adafactor"}, "zero_optimization": {"stage": 2}},
             "'Adafactor' factors the second moment .*zero_optimization.stage is 2",
         ),
