@@ -299,12 +299,16 @@ def convert_zero_checkpoint_to_fp32_state_dict(
     current: dict[str, torch.Tensor] = {}
     size = 0
 
+    stem, ext = re.match(r"(.*?)(\.[a-z]+)$", base).groups()  # type: ignore[union-attr]
+
     def flush() -> None:
         nonlocal current, size
         if not current:
             return
         idx = len(files) + 1
-        name = base if idx == 1 else re.sub(r"(\.[a-z]+)$", f"-{idx:05d}\\1", base)
+        # named when the count is known (below): Hugging Face loads a file named `base`
+        # alone, before any index, so no shard may carry that name meanwhile
+        name = f"{stem}-{idx:05d}.partial{ext}"
         path = out_dir / name
         if safe_serialization:
             save_file(
@@ -326,11 +330,30 @@ def convert_zero_checkpoint_to_fp32_state_dict(
         current[name] = t
         size += nbytes
     flush()
-    if len(files) > 1:
+    return _name_shards(files, weight_map, out_dir, base, stem, ext)
+
+
+def _name_shards(
+    files: list[Path], weight_map: dict[str, str], out_dir: Path, base: str, stem: str, ext: str
+) -> list[Path]:
+    """One file: `base`. Several: Hugging Face's <stem>-0000i-of-0000n<ext> with
+    <base>.index.json, and no file named `base` left beside them (from_pretrained would load
+    it alone)."""
+    n = len(files)
+    names = [base] if n == 1 else [f"{stem}-{i:05d}-of-{n:05d}{ext}" for i in range(1, n + 1)]
+    out = []
+    for f, name in zip(files, names):
+        out.append(f.replace(out_dir / name))
+    if n > 1:
+        (out_dir / base).unlink(missing_ok=True)  # an earlier unsharded export
+        rename = {f.name: name for f, name in zip(files, names)}
+        total = sum(p.stat().st_size for p in out)
+        weight_map = {k: rename[v] for k, v in weight_map.items()}
         index = out_dir / (base + ".index.json")
-        index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=2))
-        files.append(index)
-    return files
+        meta = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        index.write_text(json.dumps(meta, indent=2))
+        out.append(index)
+    return out
 
 
 def load_state_dict_from_zero_checkpoint(

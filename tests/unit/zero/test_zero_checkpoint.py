@@ -1,6 +1,7 @@
 """ZeRO checkpoints: exact resume at the same world size, zero_to_fp32 equal to the live
 weights, and a clear refusal at another world size."""
 
+import json
 import subprocess
 import sys
 
@@ -110,8 +111,18 @@ def test_resume_is_exact_and_zero_to_fp32_equals_live_weights(stage, tmp_path):
     from safetensors.torch import load_file
 
     shards = sorted(out.glob("model*.safetensors"))
-    assert len(shards) > 1 and (out / "model.safetensors.index.json").exists()
+    n = len(shards)
+    # Hugging Face's names: a file named model.safetensors would be loaded alone, before the
+    # index, and the other shards' weights left random
+    assert n > 1 and [f.name for f in shards] == [
+        f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)
+    ]
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {f.name for f in shards}
     merged = {k: v for f in shards for k, v in load_file(str(f)).items()}
+    assert {k: f for k, f in index["weight_map"].items()} == {
+        k: f.name for f in shards for k in load_file(str(f))
+    }
     for n, p in live.items():
         assert torch.equal(merged[n], p), n
 
