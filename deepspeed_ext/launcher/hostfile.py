@@ -38,6 +38,11 @@ def parse_hostfile(lines: Iterable[str], source: str = "hostfile") -> dict[str, 
         if host in pool:
             raise HostfileError(f"{source}:{number}: host {host!r} is listed twice")
         pool[host] = int(match["slots"])
+        if pool[host] < 1:
+            raise HostfileError(
+                f"{source}:{number}: host {host!r} has slots=0: give it 1 or more, or remove "
+                "the line"
+            )
     if not pool:
         raise HostfileError(f"{source} lists no hosts (expected lines like `worker-0 slots=4`)")
     return pool

@@ -180,7 +180,11 @@ def _log_paths(log_dir: str | None, plan: NodePlan) -> list[str | None]:
         return [None] * plan.local_size
     if os.path.isfile(log_dir):
         raise ValueError(f"--enable_each_rank_log {log_dir} is a file; it should be a directory")
-    os.makedirs(log_dir, exist_ok=True)
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+    except OSError as e:
+        msg = f"--enable_each_rank_log {log_dir}: cannot create it ({e.strerror})"
+        raise ValueError(msg) from None
     stamp = time.strftime("%Y%m%d%H%M%S")
     return [
         os.path.join(log_dir, f"{stamp}_rank{plan.global_rank(i)}.log")

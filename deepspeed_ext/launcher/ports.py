@@ -10,9 +10,11 @@ DEFAULT_MASTER_PORT = 29500  # torch.distributed's default, as upstream
 def port_in_use(port: int) -> bool:
     """Whether binding `port` on every interface fails (a listener, or a socket bound to it).
 
-    No SO_REUSEADDR: we want to fail exactly where the rank-0 store would collide.
+    SO_REUSEADDR, as rank 0's TCPStore binds: a port left in TIME_WAIT by the last job is
+    free to it, and moving off a port the user named would be for nothing.
     """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
         except OSError:
@@ -30,6 +32,8 @@ def choose_master_port(requested: int) -> tuple[int, str | None]:
     """(port to use, a one-line note when we had to move off the requested one). Port 0
     means any free port: passed through, rank 0's store would bind a random port and every
     other rank would wait forever to connect to port 0."""
+    if not 0 <= requested <= 65535:
+        raise ValueError(f"--master_port {requested}: a port is 0-65535 (0: any free port)")
     if requested == 0:
         return free_port(), None
     if not port_in_use(requested):

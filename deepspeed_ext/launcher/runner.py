@@ -160,6 +160,9 @@ def resolve_resources(
     Without a hostfile, this node's slot ids are its visible GPU ids (so CUDA_VISIBLE_DEVICES
     is respected and --include localhost:1 means GPU 1), or 0..N-1 CPU ranks.
     """
+    for flag, value in (("--num_gpus", args.num_gpus), ("--num_nodes", args.num_nodes)):
+        if value == 0 or value < -1:  # -1: not given
+            raise LauncherError(f"{flag} {value}: give 1 or more, or leave it out for all")
     if (args.num_nodes >= 0 or args.num_gpus >= 0) and (args.include or args.exclude):
         raise LauncherError("--num_nodes/--num_gpus cannot be combined with --include/--exclude")
     where = "on the deepspeed launcher"
@@ -306,6 +309,8 @@ def _run(args: argparse.Namespace) -> int:
             _remove(pid_file)
 
     node_rank = max(args.node_rank, 0)
+    if not 0 <= args.master_port <= 65535:
+        raise LauncherError(f"--master_port {args.master_port}: a port is 0-65535 (0: any free)")
     if args.no_ssh and len(res.active) > 1:  # every node must agree on rank 0's port
         master_addr, master_port = args.master_addr or next(iter(res.active)), args.master_port
     else:
@@ -322,6 +327,7 @@ def _run(args: argparse.Namespace) -> int:
             bound_command([], spec.bind_core_list, plan.local_size, 0)
         except ValueError as e:
             raise LauncherError(f"--bind_cores_to_rank: {e}") from None
+        _check_usable_cores(spec.bind_core_list)
     on = f"GPU(s) {','.join(res.devices)}" if res.devices is not None else "CPU"
     host = plan.hosts[node_rank]
     say(
@@ -337,6 +343,22 @@ def _run(args: argparse.Namespace) -> int:
         raise LauncherError(str(e)) from None
     finally:
         _remove(pid_file)
+
+
+def _check_usable_cores(core_list: str | None) -> None:
+    """This node's ranks bind to cores this process may use, or sched_setaffinity fails in
+    each rank after it started."""
+    from deepspeed_ext.utils import numa
+
+    if not core_list:
+        return
+    usable = numa.available_cores()
+    bad = sorted(set(numa.parse_range_list(core_list)) - set(usable))
+    if bad:
+        raise LauncherError(
+            f"--bind_core_list {core_list}: core(s) {numa.format_cores(bad)} are not among the "
+            f"cores this process may use ({numa.format_cores(usable)})"
+        )
 
 
 def _write_pid_file(save_pid: bool) -> str | None:

@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> int:
         except ImportError as e:
             print(f"ds_report run: {e} (or pass --no_plots)", file=sys.stderr)
             return 2
+        except OSError as e:  # --out a file, or a folder that cannot be made
+            print(
+                f"ds_report run: cannot write the plots to {e.filename}: {e.strerror}",
+                file=sys.stderr,
+            )
+            return 2
     if args.json:
         print(json.dumps({**s, "plots": [str(p) for p in plots]}, indent=2))
     else:

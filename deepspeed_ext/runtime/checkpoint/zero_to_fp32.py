@@ -48,6 +48,8 @@ def _load_mmap(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except FileNotFoundError:
         raise CheckpointError(f"missing partition file {path}") from None
+    except (RuntimeError, OSError, EOFError) as e:  # truncated or corrupt
+        raise CheckpointError(f"cannot read partition file {path}: {e}") from None
 
 
 class _Progress:
@@ -378,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--safe_serialization", action="store_true", help="write safetensors")
     ap.add_argument("--max_shard_size", default="5GB")
     ap.add_argument("--exclude_frozen_parameters", action="store_true")
+    # upstream's flag for its debug prints; this tool prints each file it writes anyway
+    ap.add_argument("-d", "--debug", action="store_true", help="accepted for upstream's CLI")
     args = ap.parse_args(argv)
     try:
         files = convert_zero_checkpoint_to_fp32_state_dict(

@@ -33,6 +33,7 @@ def test_parse_keeps_order_and_skips_comments_and_blanks():
         ("worker-0 slots=four\n", "bad entry"),
         ("worker-0 slots=4 extra\n", "bad entry"),
         ("# only a comment\n\n", "lists no hosts"),
+        ("worker-0 slots=0\n", "slots=0: give it 1 or more"),  # it ran nothing, rc 0
     ],
 )
 def test_bad_hostfiles_are_rejected_with_the_line(text, needle):

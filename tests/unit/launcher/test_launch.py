@@ -312,6 +312,25 @@ def test_each_rank_log(tmp_path):
         assert f"out {rank}" in text and "err" in text
 
 
+def test_bad_launcher_options_are_named_before_any_rank_starts(tmp_path):
+    """Each was a raw traceback, or a rank's, after it started."""
+    (tmp_path / "afile").write_text("")
+    body = script(tmp_path, DUMP)
+    usable = max(os.sched_getaffinity(0))
+    for args, said in [
+        (["--master_port", "70000"], "--master_port 70000: a port is 0-65535"),
+        (
+            ["--bind_cores_to_rank", "--bind_core_list", f"{usable + 1}"],
+            f"core(s) {usable + 1} are not among the cores this process may use",
+        ),
+        (["--enable_each_rank_log", "afile/logs"], "afile/logs: cannot create it"),
+    ]:
+        r = deepspeed(tmp_path, *args, body)
+        assert r.returncode != 0 and "deepspeed: error: --" in r.stderr, r.stderr
+        assert said in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not list(tmp_path.glob("out_*")), args  # no rank ran
+
+
 def test_the_rank_that_failed_first_is_named_not_the_peer_it_broke(tmp_path):
     # Rank 1 exits with 5 while rank 0 waits in a barrier; rank 0 then fails with 1
     # ("connection closed") and, with less to tear down, ends first. [Note: who failed first]

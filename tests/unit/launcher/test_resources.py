@@ -38,6 +38,35 @@ def test_cpu_defaults_to_one_rank_and_num_gpus_sets_the_count():
     assert resolve(["--num_accelerators", "2"]).world_size == 2
 
 
+@pytest.mark.parametrize("argv", [["--num_gpus", "0"], ["--num_gpus", "-3"], ["--num_nodes", "0"]])
+def test_counts_below_one_are_refused(argv):
+    """They ran 1 rank (or every node) unsaid."""
+    with pytest.raises(LauncherError, match=f"{argv[0]} {argv[1]}: give 1 or more"):
+        resolve(argv)
+
+
+def test_a_port_in_time_wait_is_free_as_rank_0s_store_sees_it():
+    """The last job's port in TIME_WAIT: the store binds it (SO_REUSEADDR), so the launcher
+    must not move off a port the user named."""
+    with socket.socket() as server:  # as torch's TCPStore listens: SO_REUSEADDR
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        conn, _ = server.accept()
+        conn.close()  # the side that closes first keeps TIME_WAIT on `port`
+        client.close()
+    assert not port_in_use(port)
+    with socket.socket() as listener:  # a live listener still counts
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("", port))
+        listener.listen()
+        assert port_in_use(port)
+    with pytest.raises(ValueError, match="--master_port 70000: a port is 0-65535"):
+        choose_master_port(70000)
+
+
 def test_gpus_default_to_all_visible_and_respect_cuda_visible_devices():
     r = resolve([], gpus=["0", "1", "2", "3"])
     assert r.world_size == 4 and r.devices == ["0", "1", "2", "3"]

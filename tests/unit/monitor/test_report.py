@@ -88,6 +88,9 @@ def test_the_command_prints_the_summary_and_writes_every_plot(
         assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (800, 450)
     assert ds_report(["run", str(run), "--json", "--no_plots"]) == 0
     assert json.loads(capsys.readouterr().out)["plots"] == []
+    (tmp_path / "afile").write_text("")  # --out where no folder can be: named, no traceback
+    assert ds_report(["run", str(run), "--out", str(tmp_path / "afile")]) == 2
+    assert "ds_report run: cannot write the plots to" in capsys.readouterr().err
 
 
 def test_unreadable_runs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

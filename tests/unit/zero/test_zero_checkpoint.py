@@ -126,6 +126,18 @@ def test_resume_is_exact_and_zero_to_fp32_equals_live_weights(stage, tmp_path):
     for n, p in live.items():
         assert torch.equal(merged[n], p), n
 
+    # upstream's -d is taken; a truncated partition file is named (it was torch's traceback)
+    import shutil
+
+    from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import main
+
+    broken = tmp_path.parent / f"{tmp_path.name}-broken"
+    shutil.copytree(tmp_path, broken, ignore=shutil.ignore_patterns("fp32"))
+    part = next(broken.glob("*/zero_pp_rank_1_*optim_states.pt"))
+    part.write_bytes(part.read_bytes()[:500])
+    assert main([str(broken), str(broken / "out"), "-d"]) == 1
+    assert main([str(tmp_path), str(tmp_path / "out-d"), "-d"]) == 0
+
 
 def _global_steps(engine, first: int, n: int) -> None:
     """The same global batch of 8 per step at any world size: 2 ranks take 4 each, 1 rank
