@@ -264,25 +264,26 @@ def pipeline_only_set(cfg: DeepSpeedConfig) -> list[str]:
     return out
 
 
+def keys_have(keys: list[str]) -> str:
+    """'a has' / 'a, b have': the start of a line naming keys that do nothing."""
+    return f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'}"
+
+
 def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
     """Keys only another ZeRO stage (or offload device) reads, set where they cannot act:
     one line per reason, said once at start like the NOTED keys (they move memory, never
     what training computes)."""
     z = cfg.zero_optimization
-    fields = type(z).model_fields
     stage, out = z.stage, []
-
-    def given(name: str) -> bool:
-        return getattr(z, name) != fields[name].get_default(call_default_factory=True)
-
     if stage < 3:
-        keys = [f"zero_optimization.{n}" for n in fields if n.startswith("stage3_") and given(n)]
-        keys += ["zero_optimization.sub_group_size"] if given("sub_group_size") else []
+        names = [n for n in type(z).model_fields if n.startswith("stage3_")]
+        keys = [f"zero_optimization.{n}" for n in [*names, "sub_group_size"]]
+        keys = [k for k in keys if _is_set(cfg, k)]
         if z.offload_param is not None and z.offload_param.device != "none":
             keys.append("zero_optimization.offload_param")
         if keys:
             out.append(
-                f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect at "
+                f"{keys_have(keys)} no effect at "
                 f"zero_optimization.stage {stage}: only stage 3 (partitioned parameters) reads "
                 f"{'it' if len(keys) == 1 else 'them'}"
             )
@@ -294,13 +295,12 @@ def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
         )
     if off is not None and off.device == "cpu":
         keys = [
-            f"zero_optimization.offload_optimizer.{k}"
-            for k in ("pipeline_read", "pipeline_write")
-            if getattr(off, k)
+            f"zero_optimization.offload_optimizer.{k}" for k in ("pipeline_read", "pipeline_write")
         ]
+        keys = [k for k in keys if _is_set(cfg, k)]
         if keys:
             out.append(
-                f"{', '.join(keys)} {'has' if len(keys) == 1 else 'have'} no effect with "
+                f"{keys_have(keys)} no effect with "
                 'offload_optimizer.device "cpu": they overlap NVMe reads and writes'
             )
     return out

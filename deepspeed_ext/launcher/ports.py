@@ -28,12 +28,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def check_port(port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--master_port {port}: a port is 0-65535 (0: any free port)")
+
+
 def choose_master_port(requested: int) -> tuple[int, str | None]:
     """(port to use, a one-line note when we had to move off the requested one). Port 0
     means any free port: passed through, rank 0's store would bind a random port and every
     other rank would wait forever to connect to port 0."""
-    if not 0 <= requested <= 65535:
-        raise ValueError(f"--master_port {requested}: a port is 0-65535 (0: any free port)")
+    check_port(requested)
     if requested == 0:
         return free_port(), None
     if not port_in_use(requested):

@@ -30,7 +30,7 @@ from .hostfile import (
 from .launch import ScriptSpec, bound_command, launch_node, say
 from .multinode import MultiNodeError, run_multinode
 from .multinode_runner import RUNNERS
-from .ports import DEFAULT_MASTER_PORT, choose_master_port
+from .ports import DEFAULT_MASTER_PORT, check_port, choose_master_port
 
 __all__ = [
     "DEEPSPEED_ENVIRONMENT_NAME",
@@ -309,8 +309,10 @@ def _run(args: argparse.Namespace) -> int:
             _remove(pid_file)
 
     node_rank = max(args.node_rank, 0)
-    if not 0 <= args.master_port <= 65535:
-        raise LauncherError(f"--master_port {args.master_port}: a port is 0-65535 (0: any free)")
+    try:  # the no_ssh path below passes it on unchecked
+        check_port(args.master_port)
+    except ValueError as e:
+        raise LauncherError(str(e)) from None
     if args.no_ssh and len(res.active) > 1:  # every node must agree on rank 0's port
         master_addr, master_port = args.master_addr or next(iter(res.active)), args.master_port
     else:

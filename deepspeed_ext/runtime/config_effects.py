@@ -30,7 +30,7 @@ def at_start(config: Any, pipeline: bool) -> None:
         unused = support.pipeline_only_set(config)
         if unused:
             logger.warning(
-                f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect: the "
+                f"{support.keys_have(unused)} no effect: the "
                 "model is not a pipeline (give deepspeed.initialize a deepspeed.pipe."
                 "PipelineModule, or an nn.Sequential with pipeline_parallelism.num_stages)"
             )

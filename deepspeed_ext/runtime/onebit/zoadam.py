@@ -93,7 +93,7 @@ class ZeroOneAdam(OneBitOptimizer):
         if deepspeed is not None:
             self.attach_engine(deepspeed)
 
-    # -- the schedule, read from the first param's state --
+    # -- the schedule, read from the state that counted the most steps (_lead_state) --
     def _schedule(self) -> dict[str, Any]:
         st = self._lead_state()
         return {
@@ -116,12 +116,13 @@ class ZeroOneAdam(OneBitOptimizer):
         work = self._advance()
         if not work:
             return loss
-        t = int(self._lead_state()["step"])
+        lead = self._lead_state()  # its counters: a param first used late has its own
+        t = int(lead["step"])
         if t <= self.var_freeze_step:
-            self._variance_phase(work, t)
+            self._variance_phase(work, t, lead)
         else:
-            self._local_phase(work, t)
-        self._count(work, t)
+            self._local_phase(work, t, lead)
+        self._count(work, t, lead)
         self._switch_allreduce()
         return loss
 
@@ -133,8 +134,8 @@ class ZeroOneAdam(OneBitOptimizer):
 
         return self._with_grads(init)
 
-    def _variance_phase(self, work: list[Any], t: int) -> None:
-        full = t % work[0][1]["var_interval"] == 0
+    def _variance_phase(self, work: list[Any], t: int, lead: dict[str, Any]) -> None:
+        full = t % lead["var_interval"] == 0
         if not full:  # [Note: params first used after the warm-up]
             self._first_variance(self._unmeasured(work), "var_updates")
         grads = [p.grad for p, _, _ in work]
@@ -152,12 +153,12 @@ class ZeroOneAdam(OneBitOptimizer):
                 st["var_updates"] += 1
             p.addcdiv_(st["exp_avg"], self._denom(st, group), value=-self._step_size(st, group))
 
-    def _local_phase(self, work: list[Any], t: int) -> None:
+    def _local_phase(self, work: list[Any], t: int, lead: dict[str, Any]) -> None:
         if t == self.var_freeze_step + 1:  # the exchanged quantity changes: fresh errors
             self.exchange.load_state_dict(None)
             self._denoms = {}
-        self._first_variance(self._unmeasured(work), "var_updates")  # [Note: params first
-        # used after the warm-up]
+        # [Note: params first used after the warm-up]
+        self._first_variance(self._unmeasured(work), "var_updates")
         for p, st, group in work:
             if "anchor" not in st:  # the params every rank shares until the next sync
                 st["anchor"] = p.detach().clone()
@@ -169,7 +170,7 @@ class ZeroOneAdam(OneBitOptimizer):
                 p.mul_(1 - lr * wd)
             denom = self._frozen_denom(p, st, group)
             p.addcdiv_(st["exp_avg"], denom, value=-self._step_size(st, group))
-        if t % work[0][1]["local_step_interval"]:
+        if t % lead["local_step_interval"]:
             return
         # the local updates since the anchor, in gradient units, averaged over the ranks
         moved = [(p - st["anchor"]).mul_(self._frozen_denom(p, st, group)) for p, st, group in work]
@@ -183,10 +184,9 @@ class ZeroOneAdam(OneBitOptimizer):
             st["anchor"].copy_(p)
             st["lrs"] = 0.0
 
-    def _count(self, work: list[Any], t: int) -> None:
+    def _count(self, work: list[Any], t: int, lead: dict[str, Any]) -> None:
         """The schedule's counters, the same in every param's state."""
-        st0 = self._lead_state()
-        c = {k: st0[k] for k in _COUNTERS}
+        c = {k: lead[k] for k in _COUNTERS}
         if t <= self.var_freeze_step:
             if t % c["var_interval"] == 0:
                 c["var_counter"] += 1
