@@ -25,7 +25,8 @@ from .control import ControlClient
 from .devices import local_gpus
 from .env import NodePlan, decode_world_info, rank_env
 from .ports import DEFAULT_MASTER_PORT
-from .procs import EXIT_STAMP_ENV, RankProcess, exit_code, live_groups
+from .procs import EXIT_STAMP_ENV, RankProcess, exit_code, stop_groups
+from .reaper import Reaper
 
 KILL_GRACE_S = 5.0  # SIGTERM, then SIGKILL: with the polling below all is gone within ~6 s
 POLL_S = 0.1  # how quickly a failed rank is noticed
@@ -110,21 +111,12 @@ def teardown(
     ranks: Sequence[RankProcess], grace: float = KILL_GRACE_S, hurry: Callable[[], bool] = bool
 ) -> None:
     """SIGTERM every rank's process group, SIGKILL what is left after `grace` seconds."""
-    groups = {r.pid: r for r in ranks}
-    for r in ranks:
-        r.poll()
-    alive = live_groups(groups)
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
-        for pgid in alive:
-            groups[pgid].signal_group(sig)
-        deadline = time.monotonic() + wait
-        while alive and time.monotonic() < deadline and not (sig == signal.SIGTERM and hurry()):
-            time.sleep(0.05)
-            for r in ranks:
-                r.poll()  # reap leaders, so they stop counting as group members
-            alive = live_groups(alive)
-        if not alive:
-            break
+
+    def reap_leaders() -> None:
+        for r in ranks:
+            r.poll()
+
+    alive = stop_groups([r.pid for r in ranks], grace, hurry, reap_leaders)
     if alive:
         say(f"could not stop process groups {sorted(alive)}")
 
@@ -210,7 +202,7 @@ def launch_node(
     many = plan.world_size > 1  # one rank: its stderr passes through unmarked
     ranks: list[RankProcess] = []
     stamp_dir = tempfile.TemporaryDirectory(prefix="deepspeed_exit_")
-    with stamp_dir as stamps, StopSignals() as stopper:
+    with stamp_dir as stamps, StopSignals() as stopper, Reaper(grace) as reaper:
         try:
             for local_rank in range(plan.local_size):
                 rank = plan.global_rank(local_rank)
@@ -232,6 +224,7 @@ def launch_node(
                         prefix=f"[rank {rank}] ".encode() if many else None,
                     )
                 )
+                reaper.watch(ranks[-1].pid)
                 if stopper.signum is not None:
                     break
         except OSError as e:

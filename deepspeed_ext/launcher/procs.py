@@ -10,7 +10,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO
 
 TAIL_LINES = 20
@@ -65,6 +65,30 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def stop_groups(
+    groups: Iterable[int],
+    grace: float,
+    hurry: Callable[[], bool] = bool,
+    tick: Callable[[], object] = lambda: None,
+) -> set[int]:
+    """SIGTERM each group with a live member, SIGKILL what is left after `grace` seconds (or
+    as soon as `hurry()`); `tick` runs between looks (the launcher reaps its rank leaders
+    there, so they stop counting as members). Returns the groups still alive after all."""
+    tick()
+    alive = live_groups(groups)
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
+        for pgid in alive:
+            signal_group(pgid, sig)
+        deadline = time.monotonic() + wait
+        while alive and time.monotonic() < deadline and not (sig == signal.SIGTERM and hurry()):
+            time.sleep(0.05)
+            tick()
+            alive = live_groups(alive)
+        if not alive:
+            break
+    return alive
 
 
 def _killpg_probe(pgid: int) -> bool:

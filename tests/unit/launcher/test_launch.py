@@ -68,7 +68,11 @@ def marker() -> str:
 
 
 def leftovers(mark: str) -> list[str]:
-    ps = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
+    # -ww: else ps cuts the lines to a width it guesses (80 under pytest), and the marker,
+    # last on each command line, is never seen
+    ps = subprocess.run(
+        ["ps", "-ww", "-eo", "pid,stat,args"], capture_output=True, text=True
+    ).stdout
     return [line for line in ps.splitlines() if mark in line and "Z" not in line.split()[1]]
 
 
@@ -279,6 +283,8 @@ def test_signal_to_launcher_stops_all(tmp_path, sig, times):
 
 def test_free_port_when_default_is_taken(tmp_path):
     with socket.socket() as s:
+        # a connection of an earlier test in TIME_WAIT on 29500 must not make the bind fail
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", 29500))
             s.listen()
@@ -462,3 +468,42 @@ def test_validate_exit_codes_without_torch(tmp_path):
         )
         assert r.returncode == expected, (argv, r.stdout + r.stderr)
         assert "torch imported" not in r.stderr
+
+
+SLEEPER = """
+    import os, subprocess, sys, time
+    rank = int(os.environ["RANK"])
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", sys.argv[-1]])
+    open(f"ready_{rank}", "w").close()
+    time.sleep(60)
+"""
+
+
+def test_ranks_stop_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL to the launcher (the OOM killer, kill -9) leaves no rank nor grandchild behind:
+    ranks run in sessions of their own, so only the launcher's reaper process can stop them."""
+    mark = marker()
+    proc = subprocess.Popen(
+        _cmd("--num_gpus", "2", script(tmp_path, SLEEPER), mark),
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for_files([tmp_path / "ready_0", tmp_path / "ready_1"])
+        time.sleep(0.3)  # the grandchildren are up too
+        assert len(leftovers(mark)) == 5, leftovers(mark)  # the launcher, 2 ranks, 2 children
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + KILL_BUDGET_S
+        while leftovers(mark) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        err = proc.stderr.read() if proc.stderr else ""
+    finally:
+        proc.kill()
+        for line in leftovers(mark):  # do not leave them running when the test fails
+            os.kill(int(line.split()[0]), signal.SIGKILL)
+    assert not leftovers(mark), leftovers(mark)
+    assert "the launcher ended without stopping its ranks; stopping 2" in err, err
