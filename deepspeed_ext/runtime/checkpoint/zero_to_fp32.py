@@ -16,12 +16,13 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from deepspeed_ext import tp
 from deepspeed_ext.zero.layout import GroupLayout
 
 from . import atomic, layout
@@ -63,7 +64,7 @@ class _Progress:
             filled = width * self.done // max(1, self.total)
             print(
                 f"\r[zero_to_fp32] [{'#' * filled}{'.' * (width - filled)}] "
-                f"{self.done}/{self.total} buckets",
+                f"{self.done}/{self.total} parameters",
                 end="",
                 file=sys.stderr,
                 flush=True,
@@ -72,13 +73,59 @@ class _Progress:
                 print(file=sys.stderr)
 
 
+class LazyTensor:
+    """One consolidated value, read from the (memory-mapped) partition files only when
+    `contiguous()` asks for it: `get_fp32_state_dict_from_zero_checkpoint(lazy_mode=True)`
+    returns these, so a caller can walk a model larger than its memory one tensor at a time.
+    `shape` and `dtype` (float32 for floating values) are known without reading."""
+
+    def __init__(
+        self, shape: torch.Size, dtype: torch.dtype, read: Callable[[], torch.Tensor]
+    ) -> None:
+        self.shape = torch.Size(shape)
+        self.dtype = dtype
+        self._read = read
+        self._kept: torch.Tensor | None = None
+        self.keep = False  # a tied value: read once, every name gets the same tensor
+
+    def contiguous(self) -> torch.Tensor:
+        if self._kept is not None:
+            return self._kept
+        t = self._read()
+        t = t.float().clone() if t.is_floating_point() else t.clone()
+        t = t.reshape(self.shape)
+        if self.keep:
+            self._kept = t
+        return t
+
+    def __repr__(self) -> str:
+        return f"LazyTensor(shape={tuple(self.shape)}, dtype={self.dtype})"
+
+
+def _lazy(t: torch.Tensor, shape: torch.Size | None = None) -> LazyTensor:
+    dtype = torch.float32 if t.is_floating_point() else t.dtype
+    return LazyTensor(t.shape if shape is None else shape, dtype, lambda: t)
+
+
 def iter_fp32_params(
     checkpoint_dir: str | Path,
     tag: str | None = None,
     exclude_frozen_parameters: bool = False,
     progress: bool | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, fp32 tensor) for every parameter and buffer, streamed bucket by bucket."""
+    """(name, fp32 tensor) for every parameter and buffer, one tensor at a time."""
+    for name, lazy in lazy_entries(checkpoint_dir, tag, exclude_frozen_parameters, progress):
+        yield name, lazy.contiguous()
+
+
+def lazy_entries(
+    checkpoint_dir: str | Path,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    progress: bool | None = None,
+) -> Iterator[tuple[str, LazyTensor]]:
+    """(name, LazyTensor) for every parameter and buffer, in the module's order where the
+    checkpoint records it; nothing is read until a value's `contiguous()`."""
     d = _ckpt_dir(checkpoint_dir, tag)
     states = _load_mmap(d / layout.model_states_name())
     if states.get("zero3_params"):
@@ -92,38 +139,49 @@ def iter_fp32_params(
         return
     module: dict[str, torch.Tensor] = states["module"]
     layouts = [GroupLayout.from_dict(x) for x in (states.get("zero_layouts") or [])]
-    trainable = {s.name for g in layouts for s in g.slots}
+    slots = {s.name: (gi, s) for gi, g in enumerate(layouts) for s in g.slots}
+    parts: list[Any] = []
     if layouts:
         world = layouts[0].world_size
         parts = [
             _load_mmap(d / layout.zero_optim_states_name(r))["fp32_partitions"]
             for r in range(world)
         ]
-        total = sum(len(g.buckets) for g in layouts)
-        bar = _Progress(total, progress if progress is not None else total > 50)
-        for gi, g in enumerate(layouts):
-            by_bucket: dict[int, list[Any]] = {}
-            for s in g.slots:
-                by_bucket.setdefault(s.bucket, []).append(s)
-            for b, bk in enumerate(g.buckets):
-                c = bk.chunk(world)
-                off = g.partition_offset(b)
-                full = torch.cat([parts[r][gi][off : off + c] for r in range(world)])
-                for s in by_bucket.get(b, []):
-                    yield s.name, full[s.offset : s.offset + s.numel].view(s.shape).clone()
-                bar.step()
+    bar = _Progress(len(slots), progress if progress is not None else len(slots) > 500)
     masters: dict[str, torch.Tensor] = states.get("master_weights") or {}  # stage 0, 16-bit
     frozen = set(states.get("frozen_param_names") or [])
+    # module order, not the buckets' (gradient buckets run in reverse, backward's order)
     for name, t in module.items():
-        if name in trainable or (exclude_frozen_parameters and name in frozen):
-            continue
-        t = masters.get(name, t)
-        yield name, t.float().clone() if t.is_floating_point() else t.clone()
+        if name in slots:
+            gi, slot = slots[name]
+            bar.step()
+            yield name, _slot_value(parts, gi, layouts[gi], slot)
+        elif not (exclude_frozen_parameters and name in frozen):
+            yield name, _lazy(masters.get(name, t))
+
+
+def _slot_value(parts: list[Any], gi: int, g: GroupLayout, s: Any) -> LazyTensor:
+    """A ZeRO 1/2 parameter: its elements of the bucket, which rank r holds the r-th chunk
+    of ([Note: shard layout]), taken from each rank's partition that overlaps them."""
+    c = g.buckets[s.bucket].chunk(g.world_size)
+    off = g.partition_offset(s.bucket)
+
+    def read() -> torch.Tensor:
+        if s.numel == 0:
+            return torch.zeros(0)
+        pieces = []
+        lo, hi = s.offset, s.offset + s.numel
+        for r in range(lo // c, (hi - 1) // c + 1):
+            a, b = max(lo, r * c) - r * c, min(hi, (r + 1) * c) - r * c
+            pieces.append(parts[r][gi][off + a : off + b])
+        return torch.cat(pieces)
+
+    return LazyTensor(torch.Size(s.shape), torch.float32, read)
 
 
 def _iter_stage3(
     d: Path, states: Any, exclude_frozen: bool, progress: bool | None
-) -> Iterator[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, LazyTensor]]:
     """Stage 3: each parameter is its ranks' shards concatenated ([Note: stage-3 checkpoint])."""
     from deepspeed_ext.zero.stage3.checkpoint import full_from_shards
 
@@ -133,24 +191,29 @@ def _iter_stage3(
     frozen = set(table["frozen"])
     bar = _Progress(len(table["params"]), progress if progress is not None else False)
     tied_targets = set(table["tied"].values())
-    done: dict[str, torch.Tensor] = {}  # only the tied ones: memory stays one parameter
+    done: dict[str, LazyTensor] = {}  # only the tied ones
+
+    def reader(key: str, name: str, shape: tuple[int, ...]) -> Callable[[], torch.Tensor]:
+        return lambda: full_from_shards([p[key][name] for p in parts], shape)
+
     for name, shape in table["params"]:
         bar.step()
         if name in frozen and exclude_frozen:
             continue
         key = "param_shards" if name in frozen else "fp32_masters"
-        full = full_from_shards([p[key][name] for p in parts], tuple(shape)).float().clone()
+        lazy = LazyTensor(torch.Size(shape), torch.float32, reader(key, name, tuple(shape)))
         if name in tied_targets:
-            done[name] = full
-        yield name, full
+            lazy.keep = True
+            done[name] = lazy
+        yield name, lazy
     for alias, name in table["tied"].items():
         if name in done:
             yield alias, done[name]
     for name, t in states["module"].items():  # buffers
-        yield name, t.float().clone() if t.is_floating_point() else t.clone()
+        yield name, _lazy(t)
 
 
-def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, LazyTensor]]:
     """A pipeline checkpoint ([Note: pipeline checkpoint]): the layers' files give names and
     shapes; fp32 masters come from each stage's ZeRO files (or a 16-bit stage-0 model's
     master_weights; an fp32 stage-0 model's weights are its masters). Under tensor slicing
@@ -187,8 +250,7 @@ def _iter_pipeline(d: Path, exclude_frozen: bool) -> Iterator[tuple[str, torch.T
                 for m, sd in zip(masters, slices):
                     master = m.get(name)
                     values.append(sd[key] if master is None else master.reshape(sd[key].shape))
-                value = whole_value(name, values, table)
-                yield name, value.float().clone() if value.is_floating_point() else value.clone()
+                yield name, _whole_lazy(name, values, table)
 
 
 def _layer_files(d: Path, idx: int, size: int) -> list[Path]:
@@ -208,7 +270,7 @@ def _layer_files(d: Path, idx: int, size: int) -> list[Path]:
 
 def _iter_tensor_parallel(
     d: Path, first: Any, exclude_frozen: bool
-) -> Iterator[tuple[str, torch.Tensor]]:
+) -> Iterator[tuple[str, LazyTensor]]:
     """Tensor-sliced ([Note: AutoTP checkpoints]): each model-parallel rank's fp32 masters
     (its ZeRO files, or a 16-bit stage-0 model's master_weights, or the fp32 weights
     themselves), sliced parameters made whole from the saved slice table."""
@@ -233,8 +295,14 @@ def _iter_tensor_parallel(
             saved = s["module"][name]
             master = masters[k].get(tied.get(name, name))
             values.append(saved if master is None else master.reshape(saved.shape))
-        value = whole_value(name, values, table)
-        yield name, value.float().clone() if value.is_floating_point() else value.clone()
+        yield name, _whole_lazy(name, values, table)
+
+
+def _whole_lazy(name: str, values: list[torch.Tensor], table: dict[str, Any]) -> LazyTensor:
+    """A value saved by several tensor ranks, made whole (when sliced) only when read."""
+    shape = tp.spec_from_table(table[name]).full_shape if name in table else values[0].shape
+    dtype = torch.float32 if values[0].is_floating_point() else values[0].dtype
+    return LazyTensor(torch.Size(shape), dtype, lambda: whole_value(name, values, table))
 
 
 def _tied_names(module: dict[str, Any], masters: dict[str, Any]) -> dict[str, str]:
@@ -256,9 +324,62 @@ def _tied_names(module: dict[str, Any], masters: dict[str, Any]) -> dict[str, st
 
 
 def get_fp32_state_dict_from_zero_checkpoint(
-    checkpoint_dir: str | Path, tag: str | None = None, exclude_frozen_parameters: bool = False
+    checkpoint_dir: str | Path,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+    lazy_mode: bool = False,
+) -> dict[str, Any]:
+    """The consolidated fp32 state dict. With `lazy_mode` its values are LazyTensors, read
+    from the memory-mapped files by `.contiguous()` one at a time (upstream's lazy mode)."""
+    entries = lazy_entries(checkpoint_dir, tag, exclude_frozen_parameters)
+    sd = dict(entries)
+    return sd if lazy_mode else to_torch_tensor(sd)
+
+
+_DTYPE_NAMES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+
+
+def _output_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    name = dtype.lower().removeprefix("torch.") if isinstance(dtype, str) else None
+    out = _DTYPE_NAMES.get(name) if name is not None else dtype
+    if out not in _DTYPE_NAMES.values():
+        raise ValueError(
+            f"output dtype {dtype!r} is not supported: use one of "
+            + ", ".join(sorted(_DTYPE_NAMES))
+        )
+    return out  # type: ignore[return-value]
+
+
+def to_torch_tensor(
+    state_dict: dict[str, Any],
+    return_empty_tensor: bool = False,
+    dtype: str | torch.dtype | None = None,
 ) -> dict[str, torch.Tensor]:
-    return dict(iter_fp32_params(checkpoint_dir, tag, exclude_frozen_parameters))
+    """LazyTensors (or tensors) to tensors; names that shared one value share one tensor.
+    `dtype` converts floating values only (integer and bool buffers keep theirs);
+    `return_empty_tensor` gives uninitialized tensors of the right shape (for sizing)."""
+    want = None if dtype is None else _output_dtype(dtype)
+    out: dict[str, torch.Tensor] = {}
+    first: dict[int, str] = {}
+    for name, v in state_dict.items():
+        if id(v) in first:
+            out[name] = out[first[id(v)]]
+            continue
+        first[id(v)] = name
+        cast = want if want is not None and v.dtype.is_floating_point else v.dtype
+        if return_empty_tensor:
+            out[name] = torch.empty(v.shape, dtype=cast)
+        else:
+            out[name] = v.contiguous().to(cast)
+    return out
 
 
 def _parse_size(s: str | int) -> int:
@@ -272,15 +393,39 @@ def _parse_size(s: str | int) -> int:
 
 def convert_zero_checkpoint_to_fp32_state_dict(
     checkpoint_dir: str | Path,
-    output: str | Path,
+    output_dir: str | Path,
+    max_shard_size: str | int | None = "5GB",
+    safe_serialization: bool = False,
     tag: str | None = None,
     exclude_frozen_parameters: bool = False,
-    safe_serialization: bool = False,
-    max_shard_size: str | int = "5GB",
 ) -> list[Path]:
-    """Write the consolidated fp32 weights; returns the files written. `output` is a file
-    (.bin/.pt/.safetensors) or a directory (pytorch_model.bin or model.safetensors, sharded
-    with an index json as Hugging Face does when larger than max_shard_size)."""
+    """Write the consolidated fp32 weights (upstream's argument order); returns the files."""
+    return convert_zero_checkpoint_to_state_dict(
+        checkpoint_dir,
+        output_dir,
+        torch.float32,
+        max_shard_size,
+        safe_serialization,
+        tag,
+        exclude_frozen_parameters,
+    )
+
+
+def convert_zero_checkpoint_to_state_dict(
+    checkpoint_dir: str | Path,
+    output_dir: str | Path,
+    dtype: str | torch.dtype = torch.float32,
+    max_shard_size: str | int | None = "5GB",
+    safe_serialization: bool = False,
+    tag: str | None = None,
+    exclude_frozen_parameters: bool = False,
+) -> list[Path]:
+    """Write the consolidated weights, floating ones as `dtype` (float32, float16 or
+    bfloat16); returns the files written. `output_dir` is a directory (pytorch_model.bin or
+    model.safetensors, sharded with an index json as Hugging Face does when larger than
+    max_shard_size; None: never sharded) or a .bin/.pt/.safetensors file."""
+    want = _output_dtype(dtype)
+    output = output_dir
     out = Path(output)
     if out.suffix in (".bin", ".pt", ".pth", ".safetensors"):
         safe_serialization = safe_serialization or out.suffix == ".safetensors"
@@ -295,7 +440,7 @@ def convert_zero_checkpoint_to_fp32_state_dict(
             raise ImportError(
                 "safe_serialization needs the safetensors package: pip install safetensors"
             ) from None
-    limit = _parse_size(max_shard_size)
+    limit = _parse_size(max_shard_size) if max_shard_size is not None else None
     files: list[Path] = []
     weight_map: dict[str, str] = {}
     current: dict[str, torch.Tensor] = {}
@@ -326,8 +471,10 @@ def convert_zero_checkpoint_to_fp32_state_dict(
         current, size = {}, 0
 
     for name, t in iter_fp32_params(checkpoint_dir, tag, exclude_frozen_parameters):
+        if t.is_floating_point():
+            t = t.to(want)
         nbytes = t.numel() * t.element_size()
-        if current and size + nbytes > limit:
+        if current and limit is not None and size + nbytes > limit:
             flush()
         current[name] = t
         size += nbytes
@@ -380,17 +527,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--safe_serialization", action="store_true", help="write safetensors")
     ap.add_argument("--max_shard_size", default="5GB")
     ap.add_argument("--exclude_frozen_parameters", action="store_true")
+    ap.add_argument(
+        "--dtype", default="float32", help="floating values as float32 (default), fp16 or bf16"
+    )
     # upstream's flag for its debug prints; this tool prints each file it writes anyway
     ap.add_argument("-d", "--debug", action="store_true", help="accepted for upstream's CLI")
     args = ap.parse_args(argv)
     try:
-        files = convert_zero_checkpoint_to_fp32_state_dict(
+        files = convert_zero_checkpoint_to_state_dict(
             args.checkpoint_dir,
             args.output,
-            args.tag,
-            args.exclude_frozen_parameters,
-            args.safe_serialization,
-            args.max_shard_size,
+            dtype=args.dtype,
+            max_shard_size=args.max_shard_size,
+            safe_serialization=args.safe_serialization,
+            tag=args.tag,
+            exclude_frozen_parameters=args.exclude_frozen_parameters,
         )
     except (CheckpointError, ValueError, ImportError) as exc:
         print(f"zero_to_fp32: {exc}", file=sys.stderr)

@@ -88,6 +88,9 @@ def test_resume_is_exact_and_zero_to_fp32_equals_live_weights(stage, tmp_path):
     assert set(live) <= set(sd)
     for n, p in live.items():
         assert torch.equal(sd[n], p), n
+    # the module's order (it came in the gradient buckets' order, backward's: reversed)
+    assert [k for k in sd if k in live] == list(live)
+    _upstream_api_forms(tmp_path, live)
 
     # the CLI, to sharded safetensors
     out = tmp_path / "fp32"
@@ -137,6 +140,37 @@ def test_resume_is_exact_and_zero_to_fp32_equals_live_weights(stage, tmp_path):
     part.write_bytes(part.read_bytes()[:500])
     assert main([str(broken), str(broken / "out"), "-d"]) == 1
     assert main([str(tmp_path), str(tmp_path / "out-d"), "-d"]) == 0
+
+
+def _upstream_api_forms(ckpt, live: dict) -> None:
+    """Upstream's lazy mode, positional argument order and 16-bit variant."""
+    from deepspeed.utils.zero_to_fp32 import (
+        convert_zero_checkpoint_to_fp32_state_dict,
+        convert_zero_checkpoint_to_state_dict,
+        get_fp32_state_dict_from_zero_checkpoint,
+        to_torch_tensor,
+    )
+
+    lazy = get_fp32_state_dict_from_zero_checkpoint(ckpt, lazy_mode=True)
+    assert list(lazy) == list(get_fp32_state_dict_from_zero_checkpoint(ckpt))
+    for n, p in live.items():
+        assert not torch.is_tensor(lazy[n]) and lazy[n].shape == p.shape, n
+        assert lazy[n].dtype == torch.float32 and torch.equal(lazy[n].contiguous(), p), n
+    half = to_torch_tensor(lazy, dtype="bf16")
+    assert all(half[n].dtype == torch.bfloat16 for n in live)
+
+    # (dir, output_dir, max_shard_size, safe_serialization, ...): a shard limit given where
+    # the old order had the tag was taken as a tag
+    out = ckpt.parent / f"{ckpt.name}-positional"
+    files = convert_zero_checkpoint_to_fp32_state_dict(ckpt, out, "2KB", True)
+    assert len([f for f in files if f.suffix == ".safetensors"]) > 1, files
+    out = ckpt.parent / f"{ckpt.name}-fp16"
+    convert_zero_checkpoint_to_state_dict(ckpt, out, dtype="fp16", max_shard_size=None)
+    sd16 = torch.load(out / "pytorch_model.bin", weights_only=True)
+    for n, p in live.items():
+        assert sd16[n].dtype == torch.float16 and torch.equal(sd16[n], p.half()), n
+    with pytest.raises(ValueError, match="'int8' is not supported: use one of"):
+        convert_zero_checkpoint_to_state_dict(ckpt, out, dtype="int8")
 
 
 def _global_steps(engine, first: int, n: int) -> None:
