@@ -31,16 +31,28 @@ def find_metrics(path: str | Path) -> Path:
     return found[0]
 
 
-def read_records(path: str | Path) -> list[dict[str, Any]]:
-    f = find_metrics(path)
-    records = []
-    for n, line in enumerate(f.read_text().splitlines(), start=1):
+def _json_lines(f: Path) -> list[tuple[int, Any]]:
+    """(line number, value) per non-blank line. A last line with no newline yet that does
+    not parse is a record the run is still writing: left out, not an error."""
+    text = f.read_text()
+    lines = text.splitlines()
+    out = []
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            out.append((n, json.loads(line)))
         except json.JSONDecodeError as e:
+            if n == len(lines) and not text.endswith("\n"):
+                break
             raise ReportError(f"{f}:{n}: not a JSON line ({e.msg})") from None
+    return out
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    f = find_metrics(path)
+    records = []
+    for n, rec in _json_lines(f):
         if not isinstance(rec, dict) or "step" not in rec:
             raise ReportError(f"{f}:{n}: a metrics record needs a 'step' field")
         records.append(rec)
@@ -54,10 +66,5 @@ def read_rank_times(metrics_file: Path) -> list[dict[str, Any]]:
     empty for a run that did not record them."""
     out: list[dict[str, Any]] = []
     for f in sorted((metrics_file.parent / "ranks").glob("rank*.jsonl")):
-        for n, line in enumerate(f.read_text().splitlines(), start=1):
-            if line.strip():
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ReportError(f"{f}:{n}: not a JSON line ({e.msg})") from None
+        out.extend(rec for _, rec in _json_lines(f))
     return out

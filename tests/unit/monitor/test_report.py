@@ -101,6 +101,9 @@ def test_unreadable_runs_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
     bad.write_text(bad.read_text() + "{oops\n")
     with pytest.raises(ReportError, match=r"metrics.jsonl:2: not a JSON line"):
         read_records(run)
+    # a run still writing: its last line has no newline yet, and is left out, not refused
+    bad.write_text(json.dumps(_record(10)) + "\n" + json.dumps(_record(20))[:15])
+    assert [r["step"] for r in read_records(run)] == [10]
     (run / "other").mkdir()
     (run / "other" / "metrics.jsonl").write_text(json.dumps(_record(5)) + "\n")
     assert ds_report(["run", str(run)]) == 2
