@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import support
+from .sections.scheduler import SCHEDULE_PARAMS
 from .sections.sparse_attention import MODE_KEYS
 
 if TYPE_CHECKING:
@@ -242,6 +244,34 @@ def _optimizer(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return []
 
 
+def _scheduler(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """DeepSpeed's own schedules: a miscased type, an unknown or missing param, a number in
+    quotes. Other types (torch.optim.lr_scheduler's) are checked at initialize, which has
+    torch to look them up."""
+    sch = cfg.scheduler
+    if sch is None or not sch.type:
+        return []
+    name = str(sch.type)
+    by_lower = {k.lower(): k for k in SCHEDULE_PARAMS}
+    if name not in SCHEDULE_PARAMS:
+        right = by_lower.get(name.lower())
+        return [f"scheduler.type {name!r}: did you mean {right!r}?"] if right else []
+    required, optional = SCHEDULE_PARAMS[name]
+    accepted = required + optional
+    out = []
+    for key, value in sch.params.items():
+        if key not in accepted:
+            close = difflib.get_close_matches(key, accepted, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"{name} takes {', '.join(accepted)}"
+            out.append(f"scheduler.params.{key} is not a {name} param: {hint}")
+        elif isinstance(value, str) and value != "auto" and key != "warmup_type":
+            out.append(f"scheduler.params.{key} is the string {value!r}: give a number")
+    missing = [k for k in required if k not in sch.params and f"scheduler.params.{k}" not in autos]
+    if missing:
+        out.append(f"scheduler {name} needs scheduler.params.{', '.join(missing)}")
+    return out
+
+
 def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     """Compressed gradients replace the data-parallel all-reduce (stage 0) or reduce-scatter
     (ZeRO 1/2) of the mean."""
@@ -366,6 +396,7 @@ CHECKS: tuple[Check, ...] = (
     _monitor_packages,
     _onebit,
     _optimizer,
+    _scheduler,
     _gradient_compression,
     _communication,
     _slow_nodes,

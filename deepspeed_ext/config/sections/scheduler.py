@@ -13,3 +13,66 @@ class SchedulerConfig(Section):
 
     def active(self) -> bool:
         return self.type is not None
+
+
+# DeepSpeed's own schedules and their constructor params after the optimizer: (required,
+# optional). Kept here, without torch, so the launcher's pre-flight can check them; a test
+# holds it equal to the constructors' signatures.
+SCHEDULE_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "LRRangeTest": (
+        (),
+        (
+            "lr_range_test_min_lr",
+            "lr_range_test_step_size",
+            "lr_range_test_step_rate",
+            "lr_range_test_staircase",
+            "last_batch_iteration",
+        ),
+    ),
+    "OneCycle": (
+        ("cycle_min_lr", "cycle_max_lr"),
+        (
+            "decay_lr_rate",
+            "cycle_first_step_size",
+            "cycle_second_step_size",
+            "cycle_first_stair_count",
+            "cycle_second_stair_count",
+            "decay_step_size",
+            "cycle_momentum",
+            "cycle_min_mom",
+            "cycle_max_mom",
+            "decay_mom_rate",
+            "last_batch_iteration",
+        ),
+    ),
+    "WarmupLR": (
+        (),
+        (
+            "warmup_min_lr",
+            "warmup_max_lr",
+            "warmup_num_steps",
+            "warmup_type",
+            "last_batch_iteration",
+        ),
+    ),
+    "WarmupDecayLR": (
+        ("total_num_steps",),
+        (
+            "warmup_min_lr",
+            "warmup_max_lr",
+            "warmup_num_steps",
+            "warmup_type",
+            "last_batch_iteration",
+        ),
+    ),
+    "WarmupCosineLR": (
+        ("total_num_steps",),
+        (
+            "warmup_min_ratio",
+            "warmup_num_steps",
+            "cos_min_ratio",
+            "warmup_type",
+            "last_batch_iteration",
+        ),
+    ),
+}

@@ -58,6 +58,19 @@ from deepspeed_ext.config import ConfigError, parse
             {"optimizer": {"type": "Lamb"}, "zero_optimization": {"stage": 1}},
             "'Lamb' scales each tensor's update by a trust ratio",
         ),
+        (
+            {"scheduler": {"type": "warmupLR"}},
+            "scheduler.type 'warmupLR': did you mean 'WarmupLR'",
+        ),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_max_lrr": 1e-3}}},
+            "scheduler.params.warmup_max_lrr is not a WarmupLR param: did you mean 'warmup_max_lr'",
+        ),
+        (
+            {"scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": "10"}}},
+            "scheduler.params.warmup_num_steps is the string '10'.*\n.*needs scheduler.params."
+            "total_num_steps",
+        ),
     ],
 )
 def test_inconsistent_sections(cfg, message):
@@ -141,3 +154,24 @@ def test_step_in_forward_clashes_are_named():
 def test_step_in_forward_takes_clipping_and_fp16():
     """Unlike step_in_backward: engine.step() clips and checks overflow before deferring."""
     parse({**_late(), "gradient_clipping": 1.0, "fp16": {"enabled": True}})
+
+
+def test_scheduler_check_knows_every_deepspeed_schedule_as_its_constructor_does():
+    """The launcher's table of schedule params (no torch there) is the constructors' own."""
+    import inspect
+
+    from deepspeed_ext.config.sections.scheduler import SCHEDULE_PARAMS
+    from deepspeed_ext.runtime.lr_schedules.factory import SCHEDULES
+
+    assert set(SCHEDULE_PARAMS) == set(SCHEDULES)
+    for name, cls in SCHEDULES.items():
+        params = list(inspect.signature(cls).parameters.values())[1:]
+        required = tuple(p.name for p in params if p.default is p.empty)
+        optional = tuple(p.name for p in params if p.default is not p.empty)
+        assert SCHEDULE_PARAMS[name] == (required, optional), name
+
+
+def test_schedules_pass_with_autos_and_torch_types():
+    parse({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})
+    parse({"scheduler": {"type": "StepLR", "params": {"step_size": 3}}})  # checked at initialize
+    parse({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linear"}}})
