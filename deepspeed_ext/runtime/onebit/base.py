@@ -99,7 +99,38 @@ class OneBitOptimizer(LightOptimizer):
         seen = torch.stack([st["exp_avg_sq"].any() for _, st, _ in todo]).tolist()
         for (_, st, _), s in zip(todo, seen):
             st["measured"] = s
+        self._fill_unseen([w for w, s in zip(todo, seen) if s])
         return [w for w, s in zip(todo, seen) if not s]
+
+    # [Note: elements unseen in the warm-up]
+    # Within a measured param, elements whose gradient was zero on every rank through the
+    # warm-up (embedding rows of tokens not yet seen) have a variance of exactly 0. After the
+    # freeze, the 1-bit codec gives every element a sign, zeros too, so their momentum turns
+    # non-zero at once and each update was lr * m / eps (upstream's too): those rows jumped
+    # by ~1e4 at the first compressed step. Their variance is set once, when the param is
+    # first checked after the warm-up, to the mean of its measured elements': a gradient of
+    # the param's typical size moves them by about lr, as it moves the others. The variance
+    # is the same on every rank (the warm-up averaged its gradients), so the fill is too.
+    def _fill_unseen(self, items: list[Any]) -> None:
+        if not items:
+            return
+        zeros = torch.stack([(st["exp_avg_sq"] == 0).sum() for _, st, _ in items]).tolist()
+        named = []
+        for (p, st, _), z in zip(items, zeros):
+            if not z:
+                continue
+            v = st["exp_avg_sq"]
+            unseen = v == 0
+            v.masked_fill_(unseen, v[~unseen].mean())
+            self._denoms.pop(p, None)
+            named.append((p, z, v.numel()))
+        if named:
+            names = self._names([p for p, _, _ in named])
+            counts = ", ".join(f"{n} ({z} of {k})" for n, (_, z, k) in zip(names, named))
+            logger.warning(
+                f"{type(self).__name__}: elements with no gradient before the warm-up ended "
+                f"get their param's mean variance: {counts}"
+            )
 
     def _first_variance(self, late: list[Any], counter: str) -> list[Any]:
         """For each unmeasured item whose mean gradient is non-zero: its variance from it,
@@ -126,6 +157,7 @@ class OneBitOptimizer(LightOptimizer):
             st["measured"] = True
             self._denoms.pop(p, None)
             out.append((item, g))
+        self._fill_unseen([item for item, _ in out])
         if out:
             names = self._names([p for (p, _, _), _ in out])
             logger.warning(

@@ -443,3 +443,40 @@ def late_branch() -> dict[str, Any]:
             runs[use_from] = {"flags": flags, "losses": losses, "moved": moved}
         out[name] = runs
     return out
+
+
+class _Tokens(torch.nn.Module):
+    """An embedding whose rows 10-19 see no token in the warm-up (a vocabulary not met yet)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(3)
+        self.embed = torch.nn.Embedding(20, 8)
+        self.head = torch.nn.Linear(8, 4)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(ids))
+
+
+def unseen_rows() -> dict[str, Any]:
+    """Per optimizer: how far the unseen rows moved after each step, and the losses."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    out: dict[str, Any] = {}
+    for name, optimizer in LATE.items():
+        engine, *_ = initialize(
+            model=_Tokens(), config={"train_micro_batch_size_per_gpu": 8, "optimizer": optimizer}
+        )
+        w0 = engine.module.embed.weight.detach()[10:].clone()
+        moved, losses = [], []
+        for s in range(9):
+            g = torch.Generator().manual_seed(100 * s + engine.dp_rank)
+            ids = torch.randint(0, 10 if s < 5 else 20, (8, 3), generator=g)
+            y = torch.randn(8, 3, 4, generator=g)
+            loss = torch.nn.functional.mse_loss(engine(ids), y)
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+            moved.append(float((engine.module.embed.weight[10:] - w0).abs().max()))
+        out[name] = {"moved": moved, "losses": losses}
+    return out

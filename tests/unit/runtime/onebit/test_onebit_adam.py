@@ -78,6 +78,17 @@ def test_a_param_first_used_after_the_warm_up_trains_sanely() -> None:
         assert all(math.isfinite(x) and x < 5 for x in late["losses"]), (name, late["losses"])
 
 
+def test_embedding_rows_unseen_in_the_warm_up_move_by_about_lr() -> None:
+    """Rows no token reached before the freeze had a variance of exactly 0; the 1-bit codec
+    gives every element a sign, so at the first compressed step they moved by lr * m / eps
+    (~1e4), with or without a gradient. Now they take their param's mean variance."""
+    r0, _ = run_ranks(runs.unseen_rows, 2, timeout=240)
+    for name in runs.LATE:
+        moved, losses = r0[name]["moved"], r0[name]["losses"]
+        assert max(moved) < 0.3, (name, moved)  # lr 1e-2, 9 steps
+        assert all(math.isfinite(x) and x < 5 for x in losses), (name, losses)
+
+
 def test_the_schedule_reads_the_params_that_counted_most_steps() -> None:
     """A param with no gradient until after the freeze (frozen, then unfrozen), first in
     order, starts counting at 1: the schedule read from it went back to the warm-up."""
