@@ -134,20 +134,48 @@ class _Files:
 def _own_directory(tag_dir: str, rank: int) -> tuple[str, int]:
     """rank<rank>/ under tag_dir, or rank<rank>.<n>/ for the first n no live swapper holds
     ([Note: NVMe swap files]); the directory and the descriptor holding its lock."""
-    for n in range(1024):
+    n = 0
+    while n < 1024:
         d = os.path.join(tag_dir, f"rank{int(rank)}" + (f".{n}" if n else ""))
         try:
-            os.makedirs(d, exist_ok=True)
-            fd = os.open(d + ".lock", os.O_CREAT | os.O_RDWR, 0o600)  # beside: keys alone in d
+            fd = _lock_beside(d)
         except OSError as e:
             raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)  # a live swapper's: the next one
+        if fd is None:
+            n += 1  # a live swapper's: the next one
             continue
+        if fd < 0:
+            continue  # its holder was releasing it as we locked: the same one again
+        try:
+            os.makedirs(d, exist_ok=True)  # after the lock: a releasing holder removes it
+        except OSError as e:
+            os.close(fd)
+            raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
         return d, fd
     raise ValueError(f"NVMeSwapper: 1024 live swappers hold the directories of {tag_dir!r}")
+
+
+def _lock_beside(d: str) -> int | None:
+    """An exclusive lock on d.lock (beside d: the keys stay alone in d): its descriptor;
+    None if a live swapper holds it; -1 if the file we locked is no longer d.lock (its
+    holder unlinked it while releasing, between our open and our lock: holding that file
+    would own nothing, and the next swapper would take d too)."""
+    os.makedirs(os.path.dirname(d), exist_ok=True)
+    fd = os.open(d + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    try:
+        now = os.stat(d + ".lock")
+    except FileNotFoundError:
+        now = None
+    mine = os.fstat(fd)
+    if now is None or (now.st_ino, now.st_dev) != (mine.st_ino, mine.st_dev):
+        os.close(fd)
+        return -1
+    return fd
 
 
 class NVMeSwapper:

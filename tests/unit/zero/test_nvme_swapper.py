@@ -200,6 +200,32 @@ def test_swappers_sharing_a_path_keep_their_own_files(tmp_path):
     assert not (tmp_path / "zero_stage_3").exists()
 
 
+def test_a_lock_taken_on_a_file_its_holder_was_unlinking_is_not_kept(tmp_path, monkeypatch):
+    """A swapper that opened rank0.lock just before its holder unlinked it (releasing) got
+    the lock on the unlinked file once the holder closed it: it owned rank0/ while the next
+    swapper, locking the new rank0.lock, owned it too. Now a lock on a file no longer at
+    that path is dropped and the path locked again."""
+    tag = tmp_path / "zero_stage_3" / "params"
+    real_flock, calls = nvme_mod.fcntl.flock, []
+
+    def releasing_holder(fd, op):
+        calls.append(fd)
+        if len(calls) == 1:  # the holder ends: unlinks the file we opened, then a new one
+            os.unlink(tag / "rank0.lock")
+            (tag / "rank0.lock").touch()
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(nvme_mod.fcntl, "flock", releasing_holder)
+    d, fd = nvme_mod._own_directory(str(tag), 0)
+    monkeypatch.undo()
+    assert Path(d) == tag / "rank0" and len(calls) == 2
+    assert os.fstat(fd).st_ino == os.stat(tag / "rank0.lock").st_ino
+    b = NVMeSwapper(str(tmp_path), 0, "params", aio=AIO)  # rank0 is held: the next one
+    assert Path(b.directory) == tag / "rank0.1"
+    b.close()
+    os.close(fd)
+
+
 def test_files_removed_at_interpreter_exit(tmp_path):
     code = (
         "import torch\nfrom deepspeed_ext.zero.offload import NVMeSwapper\n"
