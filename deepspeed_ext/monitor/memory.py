@@ -18,10 +18,16 @@ class MemoryBreakdown:
         self.enabled = enabled
         self.acc = accelerator
         self.window: dict[str, float] = {}
+        self._before_resets = 0  # the peak the phases' resets cleared
 
     def begin(self, name: str) -> None:
         if self.enabled:
+            self._before_resets = max(self._before_resets, self.acc.max_memory_allocated())
             self.acc.reset_peak_memory_stats()
+
+    def peak_bytes(self) -> int:
+        """The run's peak so far (the metrics line's), which the per-phase resets keep."""
+        return max(self._before_resets, self.acc.max_memory_allocated())
 
     def end(self, name: str) -> None:
         if not self.enabled:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
@@ -69,12 +70,11 @@ class RepeatingLoader:
             return next(self.data_iter)  # an empty loader raises StopIteration again
 
 
-def batch_tokens(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, int | None]:
-    """(samples, tokens) of a forward call, for the metrics line: the first tensor argument
-    gives the batch; an integer [batch, seq] tensor (token ids) gives tokens too."""
-    first = next((x for x in (*inputs, *kwargs.values()) if torch.is_tensor(x)), None)
-    if first is None or first.dim() == 0:
-        return 0, None
-    samples = int(first.shape[0])
-    tokens = int(first.numel()) if first.dim() == 2 and not first.is_floating_point() else None
-    return samples, tokens
+def batch_tokens(inputs: tuple[Any, ...], kwargs: dict[str, Any]) -> int | None:
+    """Tokens of a forward call, for the metrics line: the elements of its first integer
+    2-D tensor (token ids, [batch, seq] or [seq, batch]) anywhere in the arguments (a
+    tuple, list or dict batch too); None when it has none."""
+    for x in tree_leaves((inputs, kwargs)):
+        if torch.is_tensor(x) and x.dim() == 2 and not (x.is_floating_point() or x.is_complex()):
+            return int(x.numel()) if x.dtype != torch.bool else None  # a mask is no tokens
+    return None

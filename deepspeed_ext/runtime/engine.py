@@ -159,18 +159,19 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             config.flops_profiler, self.module, self, lambda: self.global_steps, self.rank == 0
         )
         self.flops_profiler = self.flops_profile.profiler  # upstream's attribute
+        memory = MemoryBreakdown(bool(config.memory_breakdown), acc)
         self.timers = PhaseTimers(
             # upstream's rule: the FLOPs profiler turns the wall-clock breakdown on
             bool(config.wall_clock_breakdown or config.flops_profiler.enabled),
             acc.synchronize,
-            MemoryBreakdown(bool(config.memory_breakdown), acc),
+            memory,
             watchers=[self.flops_profile],
         )
         self.slow_nodes = slow_nodes.from_config(config)  # [Note: slow nodes]
         self.metrics = StepMetrics(
             config.steps_per_print,
             writers_from_config(config) if self.rank == 0 else [],
-            acc.max_memory_allocated,
+            memory.peak_bytes,
             self.dp_world_size,
             self.timers,
             throughput=bool(config.timers.throughput.enabled),
@@ -309,8 +310,12 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     # -- training ----------------------------------------------------------------------------
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         self._states_here("forward")
-        samples, tokens = batch_tokens(inputs, kwargs)
-        self.metrics.add_micro_batch(samples, tokens)
+        if self.module.training and torch.is_grad_enabled():  # evaluation trains no sample
+            # the configured micro-batch, as upstream counts it: a tensor's first dimension
+            # is the sequence for sequence-first models, and a dict batch has no first one
+            self.metrics.add_micro_batch(
+                self.train_micro_batch_size_per_gpu(), batch_tokens(inputs, kwargs)
+            )
         with self.timers.phase("forward"):
             return self.module(*inputs, **kwargs)
 

@@ -196,6 +196,54 @@ def test_wall_clock_breakdown_adds_phase_times(capfd):
     assert "forward" in line and "backward" in line and " step " in line.split("peak mem")[1], line
 
 
+class _DictIn(torch.nn.Module):
+    """Takes its batch as a dict of sequence-first token ids ([seq, batch])."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+
+    def forward(self, batch: dict) -> torch.Tensor:
+        return self.embed(batch["ids"]).pow(2).mean()
+
+
+def _counted() -> dict:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(
+        model=_DictIn(),
+        config={
+            "train_micro_batch_size_per_gpu": 4,
+            "steps_per_print": 1,
+            "memory_breakdown": True,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        },
+    )
+    ids = torch.randint(0, 50, (12, 4))  # 12 tokens of 4 sequences
+    engine.backward(engine({"ids": ids}))
+    trained = engine.metrics.mark()
+    engine.eval()
+    with torch.no_grad():
+        for _ in range(5):
+            engine({"ids": ids})
+    evaluated = engine.metrics.mark()
+    engine.train()
+    engine.step()
+    return {"trained": trained, "evaluated": evaluated, "last": engine.metrics.last}
+
+
+def test_throughput_counts_trained_micro_batches_and_the_peak_survives_the_breakdown():
+    """samples/s took the first tensor's first dimension: 0 for a dict batch, the sequence
+    length for sequence-first ids, and evaluation forwards counted as trained samples. And
+    memory_breakdown's per-phase resets left the line's peak at the step's alone."""
+    (r,) = run_ranks(_counted, 1)
+    assert r["trained"] == (4, 48) and r["evaluated"] == (4, 48)
+    last = r["last"]
+    phase_peaks = [v for k, v in last.items() if k.endswith("_peak_mb")]
+    assert len(phase_peaks) == 3, last
+    assert last["peak_mem_gib"] * 1024 >= max(phase_peaks) - 1e-6, last
+
+
 def _frozen_model(stage: int) -> dict:
     import deepspeed_ext.utils.logging as log
     from deepspeed_ext.runtime.initialize import initialize
