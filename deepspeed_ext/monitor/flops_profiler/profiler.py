@@ -25,6 +25,18 @@ from deepspeed_ext.accelerator import get_accelerator
 from . import patching
 from .units import duration_to_string, macs_to_string, number_to_string, params_to_string
 
+_counter_ready = False
+
+
+def _warm_up_counter() -> None:
+    """torch's FlopCounterMode sets itself up at its first op (about 1 s on a CPU): done
+    once here, outside the timed pass, or the profiled forward's latency included it."""
+    global _counter_ready
+    if not _counter_ready:
+        with FlopCounterMode(display=False):
+            torch.ones(2, 2) @ torch.ones(2, 2)
+        _counter_ready = True
+
 
 @dataclass
 class ModuleStats:
@@ -173,6 +185,7 @@ class FlopsProfiler:
 
     @contextlib.contextmanager
     def _dispatch(self, into: PassCount) -> Iterator[None]:
+        _warm_up_counter()
         counter = FlopCounterMode(display=False)
         self._sync()
         t0 = time.perf_counter()
