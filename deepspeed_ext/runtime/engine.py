@@ -10,6 +10,7 @@ accumulation window (is_gradient_accumulation_boundary()).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -193,6 +194,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self.overflow = False
         if self.optimizer is not None:
             self.optimizer.overflow = False
+            self._show_loss_scale()
         # fp16 always skips a step whose gradients are not finite; bf16 when asked (upstream)
         self._skip_nonfinite = bool(
             config.fp16.enabled or (config.bf16.enabled and config.bf16.check_grad_overflow)
@@ -319,6 +321,14 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         with self.timers.phase("forward"):
             return self.module(*inputs, **kwargs)
 
+    def _show_loss_scale(self) -> None:
+        """Upstream's fp16 optimizers carry the scale (`loss_scale`; ZeRO's `cur_scale` and
+        `dynamic_loss_scale` too), which Megatron-style logging reads off the optimizer."""
+        if self.loss_scaler is None or self.optimizer is None:
+            return
+        self.optimizer.loss_scale = self.optimizer.cur_scale = self.loss_scaler.loss_scale
+        self.optimizer.dynamic_loss_scale = bool(self.loss_scaler.dynamic)
+
     def backward(
         self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
     ) -> torch.Tensor:
@@ -329,7 +339,9 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         with self.timers.phase("backward"):
             scaled.backward(retain_graph=retain_graph)
             self.strategy.end_backward()
-        return loss
+        # upstream returns the loss it backpropagated, divided by the accumulation steps
+        # (not the loss scale's multiple)
+        return loss / self._gas if scale_wrt_gas and self._gas > 1 else loss
 
     def step(self, lr_kwargs: dict[str, Any] | None = None) -> None:
         self._states_here("step")
@@ -383,6 +395,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self._step_applied = not out.overflow
         if self.optimizer is not None:  # upstream's optimizers carry it; the HF Trainer reads it
             self.optimizer.overflow = out.overflow
+            self._show_loss_scale()
         if out.overflow:
             self.skipped_steps += 1
             scaled = (
@@ -394,6 +407,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                 f"step {self.global_steps + 1}: gradients not finite (overflow), step "
                 f"skipped{scaled}"
             )
+            self._global_grad_norm = math.inf  # upstream's: the skipped step's norm
         else:
             self._global_grad_norm = out.norm
         self.global_steps += 1

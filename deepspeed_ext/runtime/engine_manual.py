@@ -13,6 +13,8 @@ import torch
 
 from deepspeed_ext import comm
 
+from .grad_clip import clip_factor
+
 
 class EngineManual:
     # set by the engine
@@ -51,9 +53,13 @@ class EngineManual:
         """Clip the gradients to the config's gradient_clipping norm over every rank's part
         (the step clips the same way); returns the norm before clipping."""
         max_norm = float(self.gradient_clipping())  # type: ignore[attr-defined]
-        norm = math.sqrt(float(self.strategy.grad_sq_sum()))
-        if max_norm > 0 and norm > max_norm:
-            self.strategy.scale_grads_(max_norm / (norm + 1e-6))
+        # fp16 gradients carry the loss scale until the step: the norm is of unscaled ones
+        scaler = self.loss_scaler
+        inv = 1.0 / scaler.loss_scale if scaler is not None else 1.0
+        norm = math.sqrt(float(self.strategy.grad_sq_sum())) * inv
+        factor = clip_factor(1.0, norm, max_norm)
+        if factor != 1.0:
+            self.strategy.scale_grads_(factor)
         return norm
 
     def load_module_state_dict(

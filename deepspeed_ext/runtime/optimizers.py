@@ -78,7 +78,8 @@ def build_optimizer(
     hp = dict(hparams)
     try:
         if key in ("adam", "adamw"):
-            adamw = key == "adamw" or bool(hp.pop("adam_w_mode", True))
+            # upstream pops the key for both types; "AdamW" is decoupled whatever it says
+            adamw = bool(hp.pop("adam_w_mode", True)) or key == "adamw"
             hp.pop("adamw_mode", None)
             if hp.pop("torch_adam", False):
                 cls = torch.optim.AdamW if adamw else torch.optim.Adam

@@ -64,7 +64,9 @@ class DynamicLossScaler(StaticLossScaler):
     def update(self, overflow: bool) -> None:
         if overflow:
             if self.hysteresis == 1 or self.cur_hysteresis == 1:
-                if self.cur_scale <= self.min_scale:
+                # at the minimum already (upstream's test: a scale set below the minimum
+                # is raised to it by its first overflow, not stopped)
+                if self.cur_scale == self.min_scale:
                     raise LossScaleError(
                         f"fp16 gradients overflow even at the minimum loss scale "
                         f"({self.min_scale:g}), step after step: fp16 cannot represent this "
@@ -78,7 +80,10 @@ class DynamicLossScaler(StaticLossScaler):
         else:
             if self.consecutive_hysteresis:
                 self.cur_hysteresis = self.hysteresis
-            if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+            # upstream's count: grown once scale_window clean steps have followed the step
+            # after the last overflow (the first step counts as following an overflow at -1)
+            stable = self.cur_iter - self.last_overflow_iter - 1
+            if stable > 0 and stable % self.scale_window == 0:
                 if not self.consecutive_hysteresis:
                     self.cur_hysteresis = self.hysteresis
                 self.cur_scale *= self.scale_factor
@@ -93,10 +98,12 @@ class DynamicLossScaler(StaticLossScaler):
         }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """A static scaler's state ({"cur_scale"} alone: the run had a fixed loss_scale)
+        starts the dynamic one at that scale."""
         self.cur_scale = float(sd["cur_scale"])
-        self.cur_hysteresis = int(sd["cur_hysteresis"])
-        self.cur_iter = int(sd["cur_iter"])
-        self.last_overflow_iter = int(sd["last_overflow_iter"])
+        self.cur_hysteresis = int(sd.get("cur_hysteresis", self.hysteresis))
+        self.cur_iter = int(sd.get("cur_iter", 0))
+        self.last_overflow_iter = int(sd.get("last_overflow_iter", self.cur_iter - 1))
 
 
 def make_loss_scaler(fp16: Any) -> StaticLossScaler:
