@@ -50,6 +50,18 @@ def test_summary_figures_per_step_from_window_totals(tmp_path: Path) -> None:
     assert s["peak_mem_gib"] == pytest.approx(0.8)
 
 
+def test_a_slow_window_and_a_resumed_run_do_not_bend_the_summary(tmp_path: Path) -> None:
+    """Phases were means over windows while the step time is a median: a profiled window's
+    forward made it 1138% of the step. A run resumed from step 20 wrote steps 30 and 40
+    again after its first 40: a window of -80 samples went into the medians."""
+    slow = _record(20, forward_ms=2000.0)
+    records = [_record(10), slow, _record(30), _record(40), _record(30), _record(40)]
+    s = summarize(read_records(_run(tmp_path, records)))
+    assert s["records"] == 4 and s["steps"] == 40
+    assert s["phase_ms_per_step"]["forward"] == 20.0
+    assert s["step_time_ms"] == pytest.approx(80.0)
+
+
 def test_a_pipeline_stage_s_sends_and_receives_are_phases(tmp_path: Path) -> None:
     """A pipeline engine's wall_clock_breakdown times its p2p instructions (upstream's names);
     train_batch, which holds every phase, is not one of them."""
