@@ -79,6 +79,13 @@ class StepMetrics:
     def rewind(self, mark: tuple[int, int | None]) -> None:
         self._samples, self._tokens = mark
 
+    def resume_at(self, step: int) -> None:
+        """After a checkpoint load: the window ends at `step`, not at the steps run before
+        (a rank's window of 1 step after a resume was written as 3)."""
+        self._last_step = step
+        self._t0 = time.perf_counter()
+        self._samples, self._tokens, self._losses, self._values = 0, 0, [], {}
+
     def add_micro_batch(self, samples: int, tokens: int | None) -> None:
         self._samples += samples
         if tokens is None or self._tokens is None:

@@ -504,7 +504,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         load_lr_scheduler_states: bool = True,
         load_module_only: bool = False,
     ) -> tuple[Any, Any]:
-        return ckpt.load_checkpoint(
+        out = ckpt.load_checkpoint(
             self,
             load_dir,
             tag,
@@ -513,6 +513,9 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             load_lr_scheduler_states,
             load_module_only,
         )
+        self.metrics.resume_at(self.global_steps)  # the next window counts from here
+        self._show_loss_scale()
+        return out
 
     # hooks the pipeline engine overrides (runtime/checkpoint/engine_io.py calls them)
     def _write_module_files(self, tmp: Any, exclude_frozen: bool) -> None:

@@ -1,6 +1,7 @@
 """deepspeed.initialize and the engine's API around the training step."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -242,6 +243,38 @@ def test_throughput_counts_trained_micro_batches_and_the_peak_survives_the_break
     phase_peaks = [v for k, v in last.items() if k.endswith("_peak_mb")]
     assert len(phase_peaks) == 3, last
     assert last["peak_mem_gib"] * 1024 >= max(phase_peaks) - 1e-6, last
+
+
+def _resumed_windows(out: str) -> list:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": 8,
+        "steps_per_print": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "jsonl_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
+    }
+    engine, *_ = initialize(model=mlp(), config=cfg)
+    for s in range(3):
+        x, y = batch(s, 0)
+        engine.backward(loss_fn(engine, x, y))
+        engine.step()
+    engine.save_checkpoint(f"{out}/ckpt", tag="t1")
+    engine.destroy()
+    cfg["jsonl_monitor"]["job_name"] = "resumed"
+    engine, *_ = initialize(model=mlp(), config=cfg)  # as after a restart
+    engine.load_checkpoint(f"{out}/ckpt", tag="t1")
+    x, y = batch(3, 0)
+    engine.backward(loss_fn(engine, x, y))
+    engine.step()
+    engine.destroy()
+    lines = (Path(out) / "resumed" / "ranks" / "rank0.jsonl").read_text().splitlines()
+    return [(r["step"], r["steps"]) for r in map(json.loads, lines)]
+
+
+def test_a_resumed_run_counts_its_next_window_from_the_checkpoint(tmp_path):
+    (windows,) = run_ranks(_resumed_windows, 1, str(tmp_path))
+    assert windows == [(4, 1)], windows  # it was (4, 4): the window counted from step 0
 
 
 def _frozen_model(stage: int) -> dict:
