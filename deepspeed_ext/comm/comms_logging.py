@@ -85,6 +85,15 @@ def size_string(b: int) -> str:
     return f"{round(b / 1024**i, 2):g} {units[i]}"
 
 
+# one collective under torch's names old and new: prof_ops may name either
+_SAME_OP = {
+    "all_gather_into_tensor": "all_gather_single",
+    "_all_gather_base": "all_gather_single",
+    "reduce_scatter_tensor": "reduce_scatter_single",
+    "_reduce_scatter_base": "reduce_scatter_single",
+}
+
+
 @dataclass
 class OpStats:
     latencies: list[float] = field(default_factory=list)  # seconds
@@ -137,7 +146,9 @@ class CommsLogger:
         self.prof_ops = [op for op in self.prof_ops if op not in set(op_name_list)]
 
     def wants(self, op: str) -> bool:
-        return self.enabled and not self._muted and (self.prof_all or op in self.prof_ops)
+        if not self.enabled or self._muted:
+            return False
+        return self.prof_all or _SAME_OP.get(op, op) in {_SAME_OP.get(o, o) for o in self.prof_ops}
 
     @contextlib.contextmanager
     def muted(self) -> Iterator[None]:

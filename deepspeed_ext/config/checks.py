@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from . import support
+from .sections.comms_logger import PROF_OPS
 from .sections.scheduler import SCHEDULE_PARAMS
 from .sections.sparse_attention import MODE_KEYS
 
@@ -272,6 +273,41 @@ def _scheduler(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     return out
 
 
+def _comms_logger(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """A misspelt op in prof_ops was taken and never matched: nothing was logged."""
+    out = []
+    for op in cfg.comms_logger.prof_ops:
+        if op not in PROF_OPS:
+            close = difflib.get_close_matches(op, sorted(PROF_OPS), n=1, cutoff=0.7)
+            hint = f"did you mean {close[0]!r}?" if close else "it names no collective"
+            out.append(f"comms_logger.prof_ops: {op!r} is not a deepspeed.comm op: {hint}")
+    return out
+
+
+def _profiler_and_monitors(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
+    """Values that were taken and then meant nothing: a profile step never reached, a
+    table of no modules, a job folder with no name (the default name was used instead)."""
+    out = []
+    fp = cfg.flops_profiler
+    if fp.enabled and fp.profile_step < 0:
+        out.append(
+            f"flops_profiler.profile_step is {fp.profile_step}: no step has that number; "
+            "give the step to profile (1: the first)"
+        )
+    if fp.top_modules < 1:
+        out.append(f"flops_profiler.top_modules is {fp.top_modules}: give 1 or more")
+    if fp.module_depth < -1:
+        out.append(
+            f"flops_profiler.module_depth is {fp.module_depth}: give -1 (every depth) or "
+            "a depth of 0 or more"
+        )
+    for section in ("jsonl_monitor", "csv_monitor", "tensorboard"):
+        mon = getattr(cfg, section)
+        if mon.enabled and not str(mon.job_name).strip():
+            out.append(f"{section}.job_name is empty: name the run's folder under output_path")
+    return out
+
+
 def _gradient_compression(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     """Compressed gradients replace the data-parallel all-reduce (stage 0) or reduce-scatter
     (ZeRO 1/2) of the mean."""
@@ -397,6 +433,8 @@ CHECKS: tuple[Check, ...] = (
     _onebit,
     _optimizer,
     _scheduler,
+    _comms_logger,
+    _profiler_and_monitors,
     _gradient_compression,
     _communication,
     _slow_nodes,

@@ -71,6 +71,20 @@ from deepspeed_ext.config import ConfigError, parse
             "scheduler.params.warmup_num_steps is the string '10'.*\n.*needs scheduler.params."
             "total_num_steps",
         ),
+        (
+            {"comms_logger": {"enabled": True, "prof_all": False, "prof_ops": ["allreduce"]}},
+            "comms_logger.prof_ops: 'allreduce' is not a deepspeed.comm op: did you mean "
+            "'all_reduce'",
+        ),
+        (
+            {"flops_profiler": {"enabled": True, "profile_step": -1}},
+            "flops_profiler.profile_step is -1",
+        ),
+        ({"flops_profiler": {"top_modules": 0}}, "flops_profiler.top_modules is 0"),
+        (
+            {"jsonl_monitor": {"enabled": True, "output_path": "/tmp", "job_name": ""}},
+            "jsonl_monitor.job_name is empty",
+        ),
     ],
 )
 def test_inconsistent_sections(cfg, message):
@@ -175,3 +189,18 @@ def test_schedules_pass_with_autos_and_torch_types():
     parse({"scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}}})
     parse({"scheduler": {"type": "StepLR", "params": {"step_size": 3}}})  # checked at initialize
     parse({"scheduler": {"type": "WarmupLR", "params": {"warmup_type": "linear"}}})
+
+
+def test_prof_ops_knows_every_op_the_logger_records():
+    from deepspeed_ext.comm.checked import _TENSOR_OPS
+    from deepspeed_ext.config.sections.comms_logger import PROF_OPS
+
+    assert _TENSOR_OPS <= PROF_OPS
+
+
+def test_prof_ops_may_name_either_of_torchs_names():
+    from deepspeed_ext.comm.comms_logging import CommsLogger
+
+    log = CommsLogger()
+    log.configure(enabled=True, prof_all=False, prof_ops=["reduce_scatter_tensor"])
+    assert log.wants("reduce_scatter_single") and not log.wants("all_reduce")
