@@ -53,7 +53,6 @@ PATHS: dict[str, str] = {
     "graph_harvesting": "graph_harvesting",
     "log_level": "log_level",
     "memory_breakdown": "memory_breakdown",
-    "wall_clock_breakdown": "wall_clock_breakdown",
     "sparse_gradients_enabled": "sparse_gradients",
     "mics_shard_size": _Z + "mics_shard_size",
     "optimizer_params": "optimizer.params",
@@ -171,6 +170,8 @@ DERIVED: dict[str, Callable[[Any], Any]] = {
         and c.autotuning.model_info is not None
         and c.autotuning.model_info.profile
     ),
+    # upstream's rule: the FLOPs profiler turns the breakdown on
+    "wall_clock_breakdown": lambda c: bool(c.wall_clock_breakdown or c.flops_profiler.enabled),
     "get_pld_theta": lambda c: None,  # progressive layer drop is not built (refused)
     # without MiCS every stage-3 rank holds a partition of the weights
     "is_first_weights_partition_group": lambda c: c.zero_optimization.stage == 3,

@@ -92,7 +92,12 @@ def _dense(d: str) -> dict[str, Any]:
         dataloader_drop_last=True,
         prescale_gradients=True,
         checkpoint={"tag_validation": "fail"},
-        comms_logger={"enabled": True, "verbose": True, "prof_all": False, "prof_ops": ["broadcast"]},
+        comms_logger={
+            "enabled": True,
+            "verbose": True,
+            "prof_all": False,
+            "prof_ops": ["broadcast"],
+        },
         flops_profiler={
             "enabled": True,
             "profile_step": 1,

@@ -277,6 +277,29 @@ def test_a_resumed_run_counts_its_next_window_from_the_checkpoint(tmp_path):
     assert windows == [(4, 1)], windows  # it was (4, 4): the window counted from step 0
 
 
+def _unread_breakdown() -> dict:
+    import deepspeed_ext.utils.logging as log
+    from deepspeed_ext.runtime.initialize import initialize
+
+    warned: list[str] = []
+    log.logger.warning = lambda msg, *a, **k: warned.append(str(msg))  # type: ignore[method-assign]
+    base = {"train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "SGD", "params": {"lr": 1}}}
+    said = []
+    for extra in ({"wall_clock_breakdown": True}, {"memory_breakdown": True, "steps_per_print": 5}):
+        warned.clear()
+        initialize(model=mlp(), config={**base, **extra})
+        said.append([w for w in warned if "nothing shows them" in w])
+    engine, *_ = initialize(model=mlp(), config={**base, "flops_profiler": {"enabled": True}})
+    return {"said": said, "wall_clock": engine.wall_clock_breakdown()}
+
+
+def test_a_breakdown_nothing_shows_is_said_and_the_profiler_turns_it_on():
+    (r,) = run_ranks(_unread_breakdown, 1)
+    assert len(r["said"][0]) == 1 and "wall_clock_breakdown is on" in r["said"][0][0]
+    assert r["said"][1] == []  # the metrics line shows it
+    assert r["wall_clock"] is True  # upstream's: the FLOPs profiler times the phases
+
+
 def _frozen_model(stage: int) -> dict:
     import deepspeed_ext.utils.logging as log
     from deepspeed_ext.runtime.initialize import initialize
