@@ -14,11 +14,13 @@ from deepspeed_ext.runtime.pipe import (  # deepspeed.PipelineEngine
     PipelineModule,
 )
 from deepspeed_ext.runtime.tensor_parallel import set_autotp_mode, tp_model_init
+from deepspeed_ext.utils.logging import log_dist, logger
 from deepspeed_ext.version import __version__, __version_api__
+from deepspeed_ext.zero.stage3.on_device import OnDevice
 
 # transformers calls deepspeed.zero.Init after `import deepspeed`; Megatron-DeepSpeed reads
 # deepspeed.PipelineEngine and deepspeed.pipe
-from . import comm, ops, pipe, zero
+from . import comm, ops, pipe, utils, zero  # deepspeed.utils.safe_get_full_grad, ...
 from .runtime import (
     lr_schedules,
 )  # accelerate reads deepspeed.runtime.lr_schedules after `import deepspeed`
@@ -35,6 +37,7 @@ __all__ = [
     "DeepSpeedEngine",
     "DualPipeVEngine",
     "DualPipeVModule",
+    "OnDevice",
     "PipelineEngine",
     "PipelineModule",
     "__version__",
@@ -42,6 +45,8 @@ __all__ = [
     "add_tuning_arguments",
     "checkpointing",
     "lr_schedules",
+    "log_dist",
+    "logger",
     "comm",
     "ops",
     "pipe",
@@ -50,5 +55,6 @@ __all__ = [
     "initialize",
     "set_autotp_mode",
     "tp_model_init",
+    "utils",
     "version",
 ]

@@ -18,11 +18,13 @@ from deepspeed_ext.zero.stage3 import (
     unset_z3_leaf_modules,
     z3_leaf_module,
 )
+from deepspeed_ext.zero.stage3.on_device import OnDevice
 
 __all__ = [
     "RepeatingLoader",
     "groups",
     "get_z3_leaf_modules",
+    "OnDevice",
     "log_dist",
     "logger",
     "safe_get_full_fp32_param",

@@ -50,7 +50,9 @@ class GatheredParameters:
 
     def __exit__(self, *exc: Any) -> None:
         try:
-            if self.modifier_rank is not None and exc[0] is None:
+            # also when the block raised, as upstream: a parameter kept whole between steps
+            # (persistent) was left edited on the modifier rank alone, the ranks disagreeing
+            if self.modifier_rank is not None:
                 self._scatter_changes()
         finally:
             for p in self.params:

@@ -161,6 +161,8 @@ class Init:
         for name, p in module.named_parameters():
             if is_zero_param(p):
                 continue
+            if p.is_meta:  # skip_init, device="meta": no values yet; the engine partitions
+                continue  # it at initialize, once it has them (every rank skips alike)
             p.ds_name = f"{type(module).__name__}.{name}"  # the engine renames it by model path
             full = p.data.to(self._device(), dtype=self.dtype or p.dtype)
             group_broadcast(full, self.group)  # every replica starts from its group's rank 0
@@ -182,8 +184,8 @@ class Init:
 
         def init_subclass(cls: Any, **kwargs: Any) -> None:
             super(torch.nn.Module, cls).__init_subclass__(**kwargs)  # type: ignore[misc]
-            if _active:
-                _active[-1]._wrap(cls)
+            if _active:  # the outermost Init undoes it: an inner one's exit is not the end
+                _active[0]._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
         if self.override_apply:  # zero_optimization.override_module_apply

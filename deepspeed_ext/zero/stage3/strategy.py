@@ -173,14 +173,23 @@ class Stage3Strategy:
         p: Any
         for name, p in module.named_parameters():
             p.ds_name = name
-            if is_zero_param(p):
-                self._adopt(p, device, shard_device)
-                continue
+            if p.is_meta:
+                raise ValueError(
+                    f"parameter '{name}' is on the meta device (skip_init, device='meta'): it "
+                    "has no values to partition; materialize it first (module.to_empty("
+                    "device=...) and initialize its weights) and then call deepspeed.initialize"
+                )
             persist = p.numel() <= self.options.persistence_threshold and (
                 persistent_left >= p.numel()
             )
             if persist:
                 persistent_left -= p.numel()
+            if is_zero_param(p):
+                self._adopt(p, device, shard_device)
+                # the engine's thresholds, not zero.Init's (one built without a config kept
+                # every parameter up to 100k elements whole on every rank)
+                self._persist(p, persist or id(p) in whole)
+                continue
             convert(p, self.dp, shard_device, device, persist or id(p) in whole)
             if self.options.pin_memory and shard_device.type == "cpu" and device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()  # host-to-device copies run async
@@ -373,6 +382,18 @@ class Stage3Strategy:
         self.settle()
         swap = self.optimizer_swap
         return swap.resident() if swap is not None else contextlib.nullcontext()
+
+    @staticmethod
+    def _persist(p: Any, persist: bool) -> None:
+        """Make an adopted parameter persistent or not (every rank alike, in module order:
+        the gather is a collective)."""
+        if bool(p.ds_persist) == persist:
+            return
+        p.ds_persist = persist
+        if persist:
+            gather_params([p])
+        else:
+            release_params([p], force=True)
 
     def _adopt(self, p: Any, device: torch.device, shard_device: torch.device) -> None:
         """A parameter zero.Init partitioned: follow the engine's dtype and devices."""

@@ -105,3 +105,17 @@ def test_an_edit_after_init_to_a_whole_parameter_reaches_its_masters():
     for r in run_ranks(runs.edit_after_init, 2):
         assert r["persist"]
         assert torch.equal(r["after"], torch.full((16, 16), 0.5)), r["after"].mean()
+
+
+def test_init_and_gathered_parameters_at_their_edges():
+    """1. Init() without a config kept every parameter up to 100k elements whole on every
+    rank, whatever the engine's stage3_param_persistence_threshold. 2. An edit by the
+    modifier rank in a block that raised stayed on that rank alone for a persistent
+    parameter (the ranks' forwards differed). 3. A class defined inside an inner Init was
+    unwrapped when that Init closed, though the outer one was still open. 4. skip_init
+    inside Init failed copying out of a meta tensor."""
+    for r in run_ranks(runs.init_edge_cases, 2):
+        assert r["persisting"] == []
+        assert r["bias"] == [[5.0, 5.0, 5.0]] * 2, r["bias"]
+        assert r["late_partitioned"]
+        assert r["skip_init"] == (True, (13, 7))

@@ -259,3 +259,54 @@ def edit_after_init() -> dict:
         "persist": bool(small.weight.ds_persist),
         "after": full_state(engine.module)["0.weight"],
     }
+
+
+def init_edge_cases() -> dict[str, Any]:
+    """zero.Init and GatheredParameters at their edges (found by a fuzzing helper against
+    upstream 0.19.8): see the test for what each used to do."""
+    import deepspeed_ext.comm as comm
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.zero.stage3 import GatheredParameters, Init
+    from deepspeed_ext.zero.stage3.param import is_zero_param
+
+    out: dict[str, Any] = {}
+    rank = int(os.environ["RANK"])
+    # 1. Init without a config; the engine's threshold of 0 decides persistence
+    with Init():
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
+    engine, *_ = initialize(model=model, config=_z3(threshold=0))
+    out["persisting"] = [n for n, p in engine.module.named_parameters() if p.ds_persist]
+    # 2. an edit by the modifier rank in a block that raised: every rank ends with it
+    with Init(config_dict_or_path=_z3(threshold=1000)):
+        small = torch.nn.Linear(4, 3)
+    engine, *_ = initialize(model=small, config=_z3(threshold=1000))
+    bias = engine.module.bias
+    try:
+        with GatheredParameters(bias, modifier_rank=0):
+            if rank == 0:
+                bias.data.fill_(5.0)
+            raise KeyError("a failed load")
+    except KeyError:
+        pass
+    with GatheredParameters(bias):
+        mine = bias.data.clone()
+    both = [torch.zeros_like(mine) for _ in range(2)]
+    comm.all_gather(both, mine)
+    out["bias"] = [b.tolist() for b in both]
+    # 3. a class defined inside an inner Init, built after it closed, in the outer one
+    with Init():
+        with Init():
+
+            class Late(torch.nn.Module):
+                def __init__(self) -> None:
+                    super().__init__()
+                    self.w = torch.nn.Parameter(torch.ones(7, 13))
+
+        late = Late()
+    out["late_partitioned"] = is_zero_param(late.w)
+    # 4. skip_init inside Init: no values yet; partitioned at initialize
+    with Init():
+        skipped = torch.nn.utils.skip_init(torch.nn.Linear, 7, 13)
+    engine, *_ = initialize(model=skipped, config=_z3())
+    out["skip_init"] = (is_zero_param(skipped.weight), tuple(skipped.weight.ds_shape))
+    return out
