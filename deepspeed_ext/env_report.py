@@ -115,10 +115,11 @@ def render(ops: list[dict[str, Any]] | None, env: dict[str, Any], color: bool) -
             "prebuilt = compiled into the install (DS_BUILD_OPS=1); cached = JIT-built already "
             "for this torch/Python; otherwise an op JIT-builds on first use."
         )
-        out.append(f"{'op':<14}{'compatible':<13}{'prebuilt':<11}{'cached':<9}simd")
+        w = max([len("op"), *(len(r["op"]) for r in ops)]) + 2  # sparse_attention_cuda
+        out.append(f"{'op':<{w}}{'compatible':<13}{'prebuilt':<11}{'cached':<9}simd")
         for r in ops:
             row = (
-                f"{r['op']:<14}{tag(r['compatible'], 'OKAY'):<13}{tag(r['prebuilt']):<11}"
+                f"{r['op']:<{w}}{tag(r['compatible'], 'OKAY'):<13}{tag(r['prebuilt']):<11}"
                 f"{tag(r['jit_cached']):<9}{r['simd'] or '-'}"
             )
             out.append(_colored(row) if color else row)

@@ -3,6 +3,7 @@ CUDA_HOME or nvcc on PATH."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,8 @@ def test_text_report_names_ops_and_simd():
     assert r.returncode == 0, r.stderr
     for name in ALL_OPS:
         assert name in r.stdout
+        # the longest names ran into the next column ("sparse_attention_cuda[NO]")
+        assert re.search(rf"^{name}\s+\[", r.stdout, re.M), name
     assert "SIMD level" in r.stdout and "ninja" in r.stdout
 
 

@@ -194,11 +194,14 @@ def einsum(equation: str, *operands: Any) -> Count:
         return _NONE
     # contracted pairwise, left to right: each pair costs the product of its letters
     macs, acc = 0, set(terms[0])
-    out = set(equation.replace(" ", "").split("->")[1]) if "->" in equation else None
+    if "->" in equation:
+        out = set(equation.replace(" ", "").split("->")[1])
+    else:  # implicit output: the letters that appear once (einsum's rule)
+        out = {c for c in sizes if lhs.count(c) == 1}
     for i, term in enumerate(terms[1:], start=1):
         letters = acc | set(term)
         macs += math.prod(sizes[c] for c in letters)
-        later = set("".join(terms[i + 1 :])) | (out if out is not None else set())
+        later = set("".join(terms[i + 1 :])) | out
         acc = {c for c in letters if c in later}
     return 2 * macs, macs
 

@@ -174,6 +174,15 @@ def test_ignored_modules_count_toward_their_parent() -> None:
     prof.end_profile()
 
 
+def test_einsum_with_an_implicit_output_counts_as_the_explicit_one() -> None:
+    """'ij,jk,kl' dropped the output letters after the first contraction (90 MACs where
+    'ij,jk,kl->il' counts the right 150)."""
+    from deepspeed_ext.monitor.flops_profiler.formulas import einsum
+
+    a, b, c = torch.ones(2, 3), torch.ones(3, 5), torch.ones(5, 4)
+    assert einsum("ij,jk,kl", a, b, c) == einsum("ij,jk,kl->il", a, b, c) == (140, 70)
+
+
 def test_bad_calls_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="either input_shape or args"):
         get_model_profile(_mlp(), (4, 64), args=[torch.randn(4, 64)])
