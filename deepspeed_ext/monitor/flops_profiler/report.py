@@ -42,7 +42,12 @@ def summary_text(p: FlopsProfiler, profile_step: int) -> str:
     eng = p.ds_engine
     world = getattr(eng, "world_size", 1)
     dp = getattr(eng, "dp_world_size", None) or 1
-    mp = getattr(eng, "mp_world_size", None) or 1
+    layout = getattr(eng, "layout", None)
+    # upstream's mp_size: the tensor-parallel ranks sharing each layer. Pipeline stages
+    # hold different layers, so a stage's counts times the stages is not the model's
+    mp = layout.tensor.size if layout is not None else 1
+    stages = layout.pipe.size if layout is not None else 1
+    whole = "model" if stages == 1 else "stage"
     micro = eng.train_micro_batch_size_per_gpu() if eng is not None else None
     gas = eng.gradient_accumulation_steps() if eng is not None else 1
     calls = p.stats[p.model].calls if p.model in p.stats else 0
@@ -62,6 +67,8 @@ def summary_text(p: FlopsProfiler, profile_step: int) -> str:
         _row("data parallel size", dp),
         _row("model parallel size", mp),
     ]
+    if stages > 1:
+        lines.append(_row("pipeline stages (counts below are this rank's stage)", stages))
     if micro is not None:
         lines.append(_row("batch size per GPU", micro))
     if gas > 1:
@@ -69,10 +76,13 @@ def summary_text(p: FlopsProfiler, profile_step: int) -> str:
     lines += [
         _row("forward passes profiled", calls),
         _row("params per GPU", params_to_string(root.params)),
-        _row("params of model = params per GPU * mp_size", params_to_string(root.params * mp)),
+        _row(f"params of {whole} = params per GPU * mp_size", params_to_string(root.params * mp)),
         _row("fwd MACs per GPU", macs_to_string(root.macs)),
         _row("fwd flops per GPU", number_to_string(root.flops)),
-        _row("fwd flops of model = fwd flops per GPU * mp_size", number_to_string(root.flops * mp)),
+        _row(
+            f"fwd flops of {whole} = fwd flops per GPU * mp_size",
+            number_to_string(root.flops * mp),
+        ),
         _row("fwd latency", duration_to_string(root.duration)),
         _row(
             "fwd FLOPS per GPU = fwd flops per GPU / fwd latency", _rate(root.flops, root.duration)

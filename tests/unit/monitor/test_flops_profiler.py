@@ -266,3 +266,34 @@ def test_the_profiled_forward_latency_leaves_out_the_counters_set_up(tmp_path: P
     (latency,) = run_ranks(_first_profile_latency, 1, str(tmp_path / "p.txt"), timeout=120)
     value, unit = latency.split()
     assert unit in ("us", "ms") and (unit == "us" or float(value) < 500), latency
+
+
+def _pipeline_profile(out: str) -> str:
+    from deepspeed_ext.runtime.initialize import initialize
+    from deepspeed_ext.runtime.pipe import PipelineModule
+
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)]
+    net = PipelineModule(layers=layers, num_stages=2, loss_fn=torch.nn.functional.mse_loss)
+    engine, *_ = initialize(
+        model=net,
+        config={
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
+            "flops_profiler": {"enabled": True, "profile_step": 1, "output_file": out},
+        },
+    )
+    data = iter([(torch.randn(2, 8), torch.randn(2, 1)) for _ in range(6)])
+    for _ in range(3):
+        engine.train_batch(data_iter=data)
+    return Path(out).read_text() if Path(out).exists() else ""
+
+
+def test_a_pipeline_profile_counts_its_stage_not_the_stages_times_it(tmp_path: Path) -> None:
+    """The model parallel size was the stage count, so 'params of model' was stage 0's
+    params times 2 (288 for a 161-parameter model)."""
+    text = run_ranks(_pipeline_profile, 2, str(tmp_path / "p.txt"), timeout=120)[0]
+    assert re.search(r"^model parallel size:\s+1$", text, re.M), text
+    assert re.search(r"^pipeline stages .*:\s+2$", text, re.M), text
+    assert re.search(r"^params of stage = params per GPU \* mp_size:\s+144$", text, re.M), text
