@@ -214,3 +214,17 @@ def attention(
     batch = math.prod(query.shape[:-2])
     macs = batch * lq * lk * (e + ev)
     return 2 * macs, macs
+
+
+def rnn(*args: Any, **kwargs: Any) -> Count:
+    """torch._VF.lstm/gru/rnn_tanh/rnn_relu, as nn.LSTM/GRU/RNN call them: every weight
+    matrix (input-hidden, hidden-hidden, projection; each layer and direction) multiplies
+    one vector per time step and sequence. Called (input, hx, weights, ...) or, packed,
+    (data, batch_sizes, hx, weights, ...)."""
+    data = args[0]
+    packed = torch.is_tensor(args[1]) and args[1].dim() == 1 and not args[1].is_floating_point()
+    weights = args[3] if packed else args[2]
+    rows = data.shape[0] if packed else data.numel() // data.shape[-1]
+    macs = rows * sum(w.numel() for w in weights if w.dim() == 2)
+    adds = rows * sum(w.numel() for w in weights if w.dim() == 1)  # the biases
+    return 2 * macs + adds, macs

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
+from torch import _VF
 
 from . import formulas as fm
 
@@ -76,6 +77,13 @@ _TORCH_OPS: dict[str, Callable[..., fm.Count]] = {
     "add": fm.binary,
     "einsum": fm.einsum,
 }
+# what nn.LSTM, nn.GRU and nn.RNN call (torch's flop counter counts none of them on a CPU)
+_VF_OPS: dict[str, Callable[..., fm.Count]] = {
+    "lstm": fm.rnn,
+    "gru": fm.rnn,
+    "rnn_tanh": fm.rnn,
+    "rnn_relu": fm.rnn,
+}
 # the same as methods (self is the first argument), and the @ operator
 _TENSOR_OPS = {**{k: v for k, v in _TORCH_OPS.items() if k != "einsum"}, "__matmul__": fm.matmul}
 
@@ -118,7 +126,8 @@ def install(sink: Sink) -> None:
             "a FLOPs profile is already running in this process; call end_profile() (or "
             "stop_profile()) on it before starting another"
         )
-    for owner, table in ((F, _F_OPS), (torch, _TORCH_OPS), (torch.Tensor, _TENSOR_OPS)):
+    owners = ((F, _F_OPS), (torch, _TORCH_OPS), (torch.Tensor, _TENSOR_OPS), (_VF, _VF_OPS))
+    for owner, table in owners:
         for name, formula in table.items():
             fn = getattr(owner, name, None)
             if fn is None:

@@ -183,6 +183,17 @@ def test_einsum_with_an_implicit_output_counts_as_the_explicit_one() -> None:
     assert einsum("ij,jk,kl", a, b, c) == einsum("ij,jk,kl->il", a, b, c) == (140, 70)
 
 
+@pytest.mark.parametrize("kind, gates", [("LSTM", 4), ("GRU", 3), ("RNN", 1)])
+def test_recurrent_layers_count_every_weight_matrix_per_step(kind: str, gates: int) -> None:
+    """nn.LSTM/GRU/RNN counted 0 (torch's counter does not see them on a CPU): each weight
+    matrix multiplies one vector per time step and sequence, per layer and direction."""
+    m = getattr(torch.nn, kind)(8, 16, num_layers=2, bidirectional=True)
+    _, macs, _ = get_model_profile(m, input_shape=(5, 3, 8), print_profile=False, as_string=False)
+    rows, h = 5 * 3, 16
+    per_direction = gates * h * (8 + h) + gates * h * (2 * h + h)  # layer 2 reads both ways
+    assert macs == rows * 2 * per_direction
+
+
 def test_bad_calls_are_clear_errors() -> None:
     with pytest.raises(ValueError, match="either input_shape or args"):
         get_model_profile(_mlp(), (4, 64), args=[torch.randn(4, 64)])
