@@ -21,6 +21,8 @@ from typing import Any, Protocol
 class Writer(Protocol):
     def write(self, step: int, samples: int, values: dict[str, float]) -> None: ...
 
+    def write_event(self, tag: str, value: float, step: int) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -47,12 +49,21 @@ class JsonLinesWriter:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(path, "a", buffering=1)  # line-buffered: a crash loses no finished line
+        self.events_path = path.with_name("events.jsonl")  # the user's own, kept apart
+        self.events: Any = None
 
     def write(self, step: int, samples: int, values: dict[str, float]) -> None:
         self.f.write(json.dumps({"step": step, "samples": samples, **values}) + "\n")
 
+    def write_event(self, tag: str, value: float, step: int) -> None:
+        if self.events is None:
+            self.events = open(self.events_path, "a", buffering=1)
+        self.events.write(json.dumps({"tag": tag, "value": value, "step": step}) + "\n")
+
     def close(self) -> None:
         self.f.close()
+        if self.events is not None:
+            self.events.close()
 
 
 class CsvWriter:
@@ -64,14 +75,16 @@ class CsvWriter:
 
     def write(self, step: int, samples: int, values: dict[str, float]) -> None:
         for name, value in values.items():
-            tag = upstream_tag(name)
-            path = self.log_dir / (tag.replace("/", "_").replace(" ", "_") + ".csv")
-            fresh = not path.exists() or path.stat().st_size == 0
-            with open(path, "a", newline="") as f:
-                w = csv.writer(f)
-                if fresh:
-                    w.writerow(["step", tag.rsplit("/", 1)[-1]])
-                w.writerow([samples, value])
+            self.write_event(upstream_tag(name), value, samples)
+
+    def write_event(self, tag: str, value: float, step: int) -> None:
+        path = self.log_dir / (tag.replace("/", "_").replace(" ", "_") + ".csv")
+        fresh = not path.exists() or path.stat().st_size == 0
+        with open(path, "a", newline="") as f:
+            w = csv.writer(f)
+            if fresh:
+                w.writerow(["step", tag.rsplit("/", 1)[-1]])
+            w.writerow([step, value])
 
     def close(self) -> None:
         pass
@@ -90,6 +103,10 @@ class TensorBoardWriter:
             self.sw.add_scalar(upstream_tag(k), v, samples)
         self.sw.flush()
 
+    def write_event(self, tag: str, value: float, step: int) -> None:
+        self.sw.add_scalar(tag, value, step)
+        self.sw.flush()
+
     def close(self) -> None:
         self.sw.close()
 
@@ -105,6 +122,9 @@ class WandbWriter:
 
     def write(self, step: int, samples: int, values: dict[str, float]) -> None:
         self.run.log({upstream_tag(k): v for k, v in values.items()}, step=samples)
+
+    def write_event(self, tag: str, value: float, step: int) -> None:
+        self.run.log({tag: value}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -133,11 +153,13 @@ class CometWriter:
 
     def write(self, step: int, samples: int, values: dict[str, float]) -> None:
         for k, v in values.items():
-            tag = upstream_tag(k)
-            last = self._last.get(tag)
-            if last is None or samples - last >= self.interval:
-                self._last[tag] = samples
-                self.experiment.log_metric(tag, v, step=samples)
+            self.write_event(upstream_tag(k), v, samples)
+
+    def write_event(self, tag: str, value: float, step: int) -> None:
+        last = self._last.get(tag)
+        if last is None or step - last >= self.interval:
+            self._last[tag] = step
+            self.experiment.log_metric(tag, value, step=step)
 
     def close(self) -> None:
         self.experiment.end()
@@ -203,3 +225,22 @@ def monitors_enabled(cfg: Any) -> bool:
 def writers_from_config(cfg: Any) -> list[Writer]:
     """Writers for the enabled monitor sections (rank 0 only; the caller decides)."""
     return [make(s) for name, make in _MONITORS.items() if (s := _on(cfg, name)) is not None]
+
+
+class MonitorMaster:
+    """Upstream's `engine.monitor` (deepspeed.monitor.monitor.MonitorMaster): the enabled
+    monitors, and `write_events([(tag, value, step), ...])` for a user's own scalars, under
+    their own tags (the JSON-lines monitor puts them in events.jsonl beside metrics.jsonl).
+    Only rank 0 writes; on the other ranks it has no writers and writes nothing."""
+
+    def __init__(self, writers: list[Writer], enabled: bool) -> None:
+        self.writers = writers
+        self.enabled = enabled
+
+    def write_events(self, event_list: list[tuple[str, Any, int]]) -> None:
+        for event in event_list:
+            if len(event) != 3:
+                raise ValueError(f"write_events takes (tag, value, step) tuples, not {event!r}")
+        for w in self.writers:
+            for tag, value, step in event_list:
+                w.write_event(str(tag), float(value), int(step))

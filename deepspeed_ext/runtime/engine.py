@@ -21,8 +21,10 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
 from deepspeed_ext.monitor import (
     MemoryBreakdown,
+    MonitorMaster,
     PhaseTimers,
     StepMetrics,
+    monitors_enabled,
     rank_times_from_config,
     writers_from_config,
 )
@@ -186,6 +188,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             rank_times=rank_times_from_config(config, self.rank, comm.waits.take),
         )
         self._say_unread_breakdowns(config)
+        # upstream's engine.monitor: write_events() for the user's own scalars
+        self.monitor = MonitorMaster(self.metrics.writers, monitors_enabled(config))
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0

@@ -138,6 +138,36 @@ def test_module_passthrough_and_step_counters():
     assert r["forced"] and r["steps"] == 2 and r["samples"] == 48 and r["tbs"] == 24
 
 
+def _events(out: str) -> None:
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(
+        model=mlp(),
+        config={
+            "train_micro_batch_size_per_gpu": 8,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "jsonl_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
+            "csv_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
+        },
+    )
+    assert engine.monitor.enabled
+    engine.monitor.write_events([("Eval/accuracy", 0.5, 10), ("Eval/accuracy", 0.75, 20)])
+    engine.destroy()
+
+
+def test_engine_monitor_writes_a_users_own_events(tmp_path):
+    """Upstream's engine.monitor.write_events (Megatron-style evaluation logging) was
+    missing: an AttributeError."""
+    run_ranks(_events, 1, str(tmp_path))
+    events = (tmp_path / "run" / "events.jsonl").read_text().splitlines()
+    assert [json.loads(e) for e in events] == [
+        {"tag": "Eval/accuracy", "value": 0.5, "step": 10},
+        {"tag": "Eval/accuracy", "value": 0.75, "step": 20},
+    ]
+    rows = (tmp_path / "run" / "Eval_accuracy.csv").read_text().splitlines()
+    assert rows == ["step,accuracy", "10,0.5", "20,0.75"]
+
+
 def _monitored(out: str) -> None:
     from deepspeed_ext.runtime.initialize import initialize
 
