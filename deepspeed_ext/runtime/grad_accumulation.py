@@ -2,8 +2,9 @@
 
 [Note: gradient path]
 A post-accumulate-grad hook on each trainable param adds its fresh .grad into that param's
-view of a flat bucket (in the accumulation dtype: fp32 for 16-bit models, as upstream's
-default grad_accum_dtype) and drops .grad, so a micro-step holds one copy of the gradients.
+view of a flat bucket (in the accumulation dtype: fp32 for 16-bit models by default, where
+upstream's default accumulates in the model's dtype; data_types.grad_accum_dtype picks
+another) and drops .grad, so a micro-step holds one copy of the gradients.
 On the micro-step that ends an accumulation window the hook also marks the param ready,
 which launches the bucket's all-reduce while backward continues (comm.GradBuckets). After
 wait(), the buckets hold the averaged sum over ranks and micro-steps; grads() exposes them
