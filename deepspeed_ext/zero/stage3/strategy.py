@@ -179,11 +179,10 @@ class Stage3Strategy:
                     "has no values to partition; materialize it first (module.to_empty("
                     "device=...) and initialize its weights) and then call deepspeed.initialize"
                 )
-            persist = p.numel() <= self.options.persistence_threshold and (
-                persistent_left >= p.numel()
-            )
+            numel = p.ds_numel if is_zero_param(p) else p.numel()  # zero.Init's: empty
+            persist = numel <= self.options.persistence_threshold and persistent_left >= numel
             if persist:
-                persistent_left -= p.numel()
+                persistent_left -= numel
             if is_zero_param(p):
                 self._adopt(p, device, shard_device)
                 # the engine's thresholds, not zero.Init's (one built without a config kept
