@@ -49,6 +49,21 @@ class CPUOptimizer(LightOptimizer):
                 state[k] = torch.zeros(p.shape, dtype=self._state_dtype(p), device=p.device)
         return state
 
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """A group's values as the constructor checks them: a group can be given its own (an
+        lr of -1, amsgrad) where the constructor never saw them, and a failed kernel call
+        after the step count moved put bias correction a step off."""
+        name = type(self).__name__
+        if group.get("amsgrad"):
+            raise ValueError(f"{name} does not support amsgrad=True (a param group sets it)")
+        check_hparams(
+            name,
+            group["lr"],
+            group.get("eps"),
+            group.get("betas"),
+            group.get("weight_decay", 0.0),
+        )
+
     def _check_param(self, p: torch.Tensor) -> None:
         name = type(self).__name__
         if p.device.type != "cpu":
@@ -70,6 +85,8 @@ class CPUOptimizer(LightOptimizer):
                 loss = closure()
         if self._op is None:
             self._op = self._load_op()
+        for group in self.param_groups:  # all of them before any state moves
+            self._check_group(group)
         for group in self.param_groups:
             # One kernel call per distinct step count (normally one per group).
             buckets: dict[int, dict[str, list]] = {}
@@ -120,22 +137,29 @@ def load_state_dict_keeping_dtypes(
             if k == "step":
                 opt.state[p][k] = int(v)
             elif torch.is_tensor(v):
-                opt.state[p][k] = v.to(dtype=state_dtype(p), device=p.device, copy=True)
+                # contiguous: torch keeps a transposed param's moments in its strides, and
+                # the kernels take dense state
+                state = v.to(dtype=state_dtype(p), device=p.device, copy=True)
+                opt.state[p][k] = state.contiguous()
+
+
+_MAX = 1e30  # the bindings' range for lr, eps and weight_decay
 
 
 def check_hparams(
     name: str, lr: float, eps: float | None, betas: tuple[float, float] | None, weight_decay: float
 ) -> None:
-    """The same ValueErrors torch.optim raises, naming the optimizer."""
-    if not lr >= 0.0:
-        raise ValueError(f"{name}: invalid learning rate lr={lr} (must be >= 0)")
-    if eps is not None and not eps >= 0.0:
-        raise ValueError(f"{name}: invalid eps={eps} (must be >= 0)")
+    """The same ValueErrors torch.optim raises, naming the optimizer; and the kernels' upper
+    bound (1e30: beyond it, and at inf, their arithmetic is no longer meaningful in fp32)."""
+    if not 0.0 <= lr <= _MAX:
+        raise ValueError(f"{name}: invalid learning rate lr={lr} (must be in [0, 1e30])")
+    if eps is not None and not 0.0 <= eps <= _MAX:
+        raise ValueError(f"{name}: invalid eps={eps} (must be in [0, 1e30])")
     if betas is not None:
         if len(betas) != 2:
             raise ValueError(f"{name}: betas must be two values (beta1, beta2), got {betas!r}")
         for i, b in enumerate(betas):
             if not 0.0 <= b < 1.0:
                 raise ValueError(f"{name}: invalid betas[{i}]={b} (must be in [0, 1))")
-    if not weight_decay >= 0.0:
-        raise ValueError(f"{name}: invalid weight_decay={weight_decay} (must be >= 0)")
+    if not 0.0 <= weight_decay <= _MAX:
+        raise ValueError(f"{name}: invalid weight_decay={weight_decay} (must be in [0, 1e30])")

@@ -41,8 +41,10 @@ void update(const AdamCoeffs& coeffs_in, P* p, const G* g, S* m, S* v, int64_t n
     auto pv = O::load(p + i);
     if (c.l2 != 0.f) gv = O::fma(pv, O::set1(c.l2), gv);
     auto mv = O::fma(O::load(m + i), O::set1(c.beta1), O::mul(gv, O::set1(c.one_minus_beta1)));
+    // ((1 - beta2) * g) * g, as torch orders it: g * g first overflows fp32 for |g| above
+    // ~1.8e19, and v = inf then stopped the step
     auto vv = O::fma(O::load(v + i), O::set1(c.beta2),
-                     O::mul(O::mul(gv, gv), O::set1(c.one_minus_beta2)));
+                     O::mul(O::mul(gv, O::set1(c.one_minus_beta2)), gv));
     const auto denom = O::fma(O::sqrt(vv), O::set1(c.bc2_rsqrt), O::set1(c.eps));
     pv = O::mul(pv, O::set1(c.decay_factor));
     pv = O::sub(pv, O::div(O::mul(mv, O::set1(c.step_size)), denom));

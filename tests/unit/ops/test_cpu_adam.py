@@ -154,3 +154,55 @@ def test_bf16_grads_with_fp32_params():
         torch.float32,
         grad_dtype=torch.bfloat16,
     )
+
+
+def test_group_values_are_checked_before_any_state_moves():
+    """A param group's amsgrad was ignored (plain Adam ran), its lr of -1 failed inside the
+    kernel after the step count moved (bias correction a step off), and lr 1e31 passed the
+    constructor only to fail at step()."""
+    w = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match="amsgrad"):
+        w.grad = torch.ones(3)
+        DeepSpeedCPUAdam([{"params": [w], "amsgrad": True}]).step()
+    opt = DeepSpeedCPUAdam([w], lr=0.1)
+    opt.param_groups[0]["lr"] = -1.0
+    with pytest.raises(ValueError, match="lr=-1"):
+        opt.step()
+    opt.param_groups[0]["lr"] = 0.1
+    opt.step()
+    assert opt.state[w]["step"] == 1
+    with pytest.raises(ValueError, match=r"lr=1e\+31"):
+        DeepSpeedCPUAdam([w], lr=1e31)
+
+
+def test_a_torch_state_of_a_transposed_param_resumes():
+    """torch keeps a transposed param's moments in its strides; the kernel refused them at
+    the next step ('exp_avgs[0] is not contiguous')."""
+    base = torch.randn(4, 3)
+    a = torch.nn.Parameter(base.t().contiguous().t())  # shape (3, 4), strides of a transpose
+    b = torch.nn.Parameter(a.detach().clone())
+    ref = torch.optim.AdamW([a], lr=0.1, foreach=False)
+    a.grad = torch.ones_like(a)
+    ref.step()
+    ours = DeepSpeedCPUAdam([b], lr=0.1)
+    b.data.copy_(a.detach())
+    ours.load_state_dict(ref.state_dict())
+    for p in (a, b):
+        p.grad = torch.full_like(p, 0.5)
+    ref.step()
+    ours.step()
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
+
+
+def test_a_huge_gradient_still_steps():
+    """g * g overflowed fp32 for |g| above ~1.8e19 (torch scales by 1 - beta2 first): v was
+    inf and the step did nothing."""
+    a = torch.nn.Parameter(torch.ones(1))
+    b = torch.nn.Parameter(torch.ones(1))
+    for p in (a, b):
+        p.grad = torch.full((1,), 2e19)
+    torch.optim.AdamW([a], lr=0.1, weight_decay=0.0, foreach=False).step()
+    opt = DeepSpeedCPUAdam([b], lr=0.1, weight_decay=0.0)
+    opt.step()
+    assert torch.isfinite(opt.state[b]["exp_avg_sq"]).all()
+    torch.testing.assert_close(b, a)
