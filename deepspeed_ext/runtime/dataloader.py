@@ -12,6 +12,16 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class DeepSpeedDataLoader:
+    """Upstream's attributes: dataset, batch_size, collate_fn, data_sampler (also .sampler),
+    and len() in micro-batches.
+
+    [Note: epochs of the loader]
+    Each pass that runs to its end moves the sampler to the next epoch (a new shuffle, the
+    same on every rank), so the shards stay disjoint. A pass left unfinished (a rank-0-only
+    peek at one batch to log it) does not: counting every iter() call put that rank on
+    another permutation than the others, and the next epoch's shards overlapped. A sampler
+    given by the caller (data_sampler=) is left alone: set_epoch is theirs to call."""
+
     def __init__(
         self,
         dataset: Dataset,
@@ -23,32 +33,49 @@ class DeepSpeedDataLoader:
         seed: int = 0,
         num_workers: int = 0,
         drop_last: bool = False,
+        data_sampler: Any = None,
+        pin_memory: bool = False,
     ) -> None:
-        self.sampler: DistributedSampler[Any] = DistributedSampler(
-            dataset,
-            num_replicas=world_size,
-            rank=rank,
-            shuffle=shuffle,
-            seed=seed,
-            drop_last=False,  # as upstream: the sampler pads; only a short last batch drops
-        )
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.collate_fn = collate_fn
+        self._own_sampler = data_sampler is None
+        if data_sampler is None:
+            data_sampler = DistributedSampler(
+                dataset,
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=False,  # as upstream: the sampler pads; only a short last batch drops
+            )
+        self.data_sampler = self.sampler = data_sampler
         self.loader = DataLoader(
             dataset,
             batch_size=batch_size,
-            sampler=self.sampler,
+            sampler=data_sampler,
             collate_fn=collate_fn,
             num_workers=num_workers,
             drop_last=drop_last,
+            pin_memory=pin_memory,
         )
         self.epoch = 0
+        self._set = 0  # the epoch this loader last gave its sampler
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
-        self.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        return iter(self.loader)
+        if self._own_sampler:
+            if getattr(self.sampler, "epoch", self._set) != self._set:
+                self.epoch = self.sampler.epoch  # the caller's set_epoch (upstream's way) wins
+            self.sampler.set_epoch(self.epoch)
+            self._set = self.epoch
+        return self._pass()
+
+    def _pass(self) -> Iterator[Any]:
+        yield from self.loader
+        self.epoch += 1  # [Note: epochs of the loader]: only a pass that ran to its end
 
 
 class RepeatingLoader:

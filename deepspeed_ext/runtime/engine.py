@@ -49,6 +49,13 @@ from .precision.fp32_modules import compute_in_fp32
 from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
+_ROUTES = frozenset({"train", "eval", "predict", "encode"})
+
+
+def _tensors(params: Any) -> list[Any]:
+    """Params as given: tensors, or named_parameters()'s (name, param) pairs."""
+    return [p[1] if isinstance(p, tuple) and len(p) == 2 else p for p in params]
+
 
 class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     pipeline_parallelism = False  # upstream's attribute: the model is a PipelineModule
@@ -155,6 +162,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self.strategy.mixed_grads_ok = isinstance(self.optimizer, CPU_OPTIMIZERS)
         self.strategy.attach_optimizer(self.optimizer)
         self.lr_scheduler = self._make_scheduler(lr_scheduler)
+        self.collate_fn = collate_fn  # deepspeed_io() falls back to it, as upstream's
         self.training_dataloader = (
             self._training_loader(training_data, collate_fn) if training_data is not None else None
         )
@@ -247,8 +255,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             return [{"params": list(self.module.parameters())}]
         items = list(model_parameters)
         if items and isinstance(items[0], dict):
-            return [dict(g, params=list(g["params"])) for g in items]
-        return [{"params": items}]
+            return [dict(g, params=_tensors(g["params"])) for g in items]
+        return [{"params": _tensors(items)}]
 
     def _make_optimizer(self, client: Any) -> Any:
         """A client optimizer object (re-pointed at the fp32 masters or partitions), a callable
@@ -291,8 +299,11 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     def _make_scheduler(self, client: Any) -> Any:
         """A client scheduler object, a callable taking the optimizer, or the config's."""
         if client is not None:
-            is_object = hasattr(client, "step") and hasattr(client, "state_dict")
-            return client if is_object else client(self.optimizer)
+            # upstream's rule: a scheduler object is used as it is; any other callable (a
+            # function, a scheduler class) is a factory called with the optimizer
+            if isinstance(client, torch.optim.lr_scheduler.LRScheduler) or not callable(client):
+                return client
+            return client(self.optimizer)
         sched = self.config.scheduler
         if sched is None or not sched.type or self.optimizer is None:
             return None
@@ -303,15 +314,33 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         return self.deepspeed_io(dataset, collate_fn=collate_fn)
 
     def deepspeed_io(
-        self, dataset: Any, batch_size: int | None = None, collate_fn: Any = None
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        route: str = "train",
+        pin_memory: bool = True,
+        data_sampler: Any = None,
+        collate_fn: Any = None,
+        num_local_io_workers: int | None = None,
     ) -> Any:
-        return DeepSpeedDataLoader(  # one shard per data-parallel rank
+        """Upstream's loader: one shard per data-parallel rank (or `data_sampler`'s), the
+        micro-batch size, the collate_fn given to initialize unless another is given.
+        `route` is upstream's train/eval/predict/encode tag; every route shards alike."""
+        if route not in _ROUTES:
+            raise ValueError(f"deepspeed_io: route {route!r} is not one of {sorted(_ROUTES)}")
+        if collate_fn is None:
+            collate_fn = self.collate_fn
+        return DeepSpeedDataLoader(
             dataset,
             batch_size or self._micro_batch_size,
             self.dp_rank,
             self.dp_world_size,
             collate_fn,
+            num_workers=int(num_local_io_workers or 0),
             drop_last=bool(self.config.dataloader_drop_last),
+            data_sampler=data_sampler,
+            # pinned pages only help copies to an accelerator
+            pin_memory=bool(pin_memory) and self.device.type != "cpu",
         )
 
     # -- training ----------------------------------------------------------------------------
@@ -364,8 +393,14 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self._states_here("step")
         self._step_applied = False
         boundary = self.is_gradient_accumulation_boundary()
-        self.global_samples += self._micro_batch_size * self.dp_world_size
-        if boundary:
+        if self._inside_no_sync():
+            raise RuntimeError(
+                "engine.step() inside engine.no_sync(): the gradients are not reduced over "
+                "the data-parallel ranks yet, so each replica would step on its own; leave "
+                "the no_sync() block first (upstream refuses it too)"
+            )
+        if boundary:  # upstream's count: a batch per optimizer step, whichever calls led here
+            self.global_samples += self._micro_batch_size * self.dp_world_size * self._gas
             with self.timers.phase("step"):
                 self._model_step(lr_kwargs or {})
             self._pending_backwards = 0
@@ -458,12 +493,19 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Accumulate without reducing: the reduction happens on the next synced boundary."""
+        """Accumulate without reducing: the reduction happens on the next synced boundary.
+        Not re-entrant, and step() is refused inside (as upstream's)."""
+        if not self.strategy.sync_enabled:
+            raise RuntimeError("engine.no_sync() is already active: it does not nest")
         self.strategy.sync_enabled = False
         try:
             yield
         finally:
             self.strategy.sync_enabled = True
+
+    def _inside_no_sync(self) -> bool:
+        """Inside no_sync(): a step would use gradients not reduced over the ranks."""
+        return not getattr(self.strategy, "sync_enabled", True)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._pending_backwards = 0

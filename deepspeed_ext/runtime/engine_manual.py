@@ -42,6 +42,17 @@ class EngineManual:
         """What engine.backward and a manual backward after scale() backpropagate: the loss
         (recorded for the metrics) in fp32, divided by the accumulation steps, times the fp16
         loss scale."""
+        if not torch.is_tensor(loss) or loss.numel() != 1:
+            # before any state is touched: a caller that catches this goes on cleanly
+            what = (
+                f"a tensor of shape {tuple(loss.shape)}"
+                if torch.is_tensor(loss)
+                else type(loss).__name__
+            )
+            raise TypeError(
+                f"the loss must be a scalar tensor, not {what}: reduce it (loss.mean()) or "
+                "take the model output's loss (outputs.loss, outputs[0])"
+            )
         self.metrics.add_loss(loss.detach())
         scaled = loss.float() / self._gas if scale_wrt_gas else loss.float()
         if self.loss_scaler is not None:

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from deepspeed_ext.config import parse
+from deepspeed_ext.utils.logging import logger
 
 from .engine import DeepSpeedEngine
 from .model_parallel_zero import fallback_stage
@@ -42,6 +43,9 @@ def initialize(
             "sizes) are not built yet; leave it out (data and pipeline parallelism need none)"
         )
     from_args = getattr(args, "deepspeed_config", None) if args is not None else None
+    if from_args is None and getattr(args, "deepscale_config", None) is not None:
+        logger.warning("--deepscale_config is deprecated: use --deepspeed_config")
+        from_args = args.deepscale_config  # upstream's old flag, which add_config_arguments adds
     if config is None:
         config = config_params
     if from_args is not None and config is not None:

@@ -441,3 +441,98 @@ def test_a_client_optimizer_with_a_frozen_group_trains_and_resumes(stage, tmp_pa
         assert r["resumed"] == r["losses"][2], r
     mean = [sum(r["losses"][s] for r in out) / 2 for s in range(3)]
     torch.testing.assert_close(torch.tensor(mean), torch.tensor(ref), rtol=1e-5, atol=1e-6)
+
+
+class _Sched(torch.optim.lr_scheduler.LambdaLR):
+    def __init__(self, optimizer) -> None:
+        super().__init__(optimizer, lambda s: 0.5)
+
+
+def _surface_checks(tmp: str) -> dict:
+    import argparse
+
+    from deepspeed_ext.runtime.initialize import initialize
+
+    out: dict = {}
+    base = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
+    data = [(torch.randn(4), torch.randn(2)) for _ in range(8)]
+    seen: list = []
+
+    def collate(batch):
+        seen.append(len(batch))
+        return torch.utils.data.default_collate(batch)
+
+    model = torch.nn.Linear(4, 2)
+    engine, _, loader, sched = initialize(
+        model=model,
+        model_parameters=model.named_parameters(),  # pairs: they crashed
+        config={**base, "gradient_accumulation_steps": 2},
+        training_data=data,
+        collate_fn=collate,
+        lr_scheduler=_Sched,  # a scheduler class is a factory
+    )
+    out["sched"] = isinstance(sched, _Sched) and engine.get_lr() == [0.05]
+    out["loader_attrs"] = (loader.batch_size, loader.dataset is data, loader.collate_fn is collate)
+    loader.data_sampler.set_epoch(3)  # upstream's per-epoch pattern
+    # a peek does not move the epoch; a full pass does
+    next(iter(loader))
+    out["epochs"] = [loader.epoch]
+    for _ in loader:
+        pass
+    out["epochs"].append(loader.epoch)
+    seen.clear()
+    evals = engine.deepspeed_io(data, route="eval", pin_memory=True, num_local_io_workers=0)
+    next(iter(evals))
+    out["collate_reused"] = seen == [2]
+    # global_samples: a batch per optimizer step, as the Trainer's boundary-only step() counts
+    x, y = data[0]
+    counts = []
+    for boundary in (False, True, False, True):
+        engine.set_gradient_accumulation_boundary(boundary)
+        engine.backward(torch.nn.functional.mse_loss(engine(x[None]), y[None]))
+        if boundary:
+            engine.step()
+        counts.append(engine.global_samples)
+    out["samples"] = counts
+    # a non-scalar loss is refused before anything is recorded; training goes on
+    try:
+        engine.backward(engine(x[None]))
+    except TypeError as e:
+        out["nonscalar"] = str(e)
+    out["pending"] = engine._pending_backwards
+    # step() inside no_sync, and no_sync inside no_sync, are refused
+    try:
+        with engine.no_sync():
+            engine.step()
+    except RuntimeError as e:
+        out["no_sync_step"] = str(e)
+    try:
+        with engine.no_sync(), engine.no_sync():
+            pass
+    except RuntimeError as e:
+        out["no_sync_nested"] = str(e)
+    # --deepscale_config, upstream's old flag
+    path = Path(tmp) / "ds.json"
+    path.write_text(json.dumps(base))
+    args = argparse.Namespace(deepspeed_config=None, deepscale_config=str(path))
+    e2, *_ = initialize(args=args, model=torch.nn.Linear(4, 2))
+    out["deepscale"] = e2.train_micro_batch_size_per_gpu()
+    return out
+
+
+def test_upstreams_engine_surface_for_data_schedulers_and_counts(tmp_path):
+    """From a fuzzing helper's side-by-side runs with upstream 0.19.8."""
+    (r,) = run_ranks(_surface_checks, 1, str(tmp_path))
+    assert r["sched"]
+    assert r["loader_attrs"] == (2, True, True)
+    assert r["epochs"] == [3, 4], r["epochs"]  # the caller's set_epoch(3), then one pass
+    assert r["collate_reused"]
+    assert r["samples"] == [0, 4, 4, 8], r["samples"]
+    assert "the loss must be a scalar tensor, not a tensor of shape (1, 2)" in r["nonscalar"]
+    assert r["pending"] == 0
+    assert "inside engine.no_sync()" in r["no_sync_step"]
+    assert "does not nest" in r["no_sync_nested"]
+    assert r["deepscale"] == 2
