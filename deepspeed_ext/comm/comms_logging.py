@@ -113,6 +113,8 @@ class CommsLogger:
         self._window_s = 0.0  # time in logged collectives since take_window()
         self._window_bytes = 0
         self._muted = 0  # inside muted(): the parts of a collective recorded whole
+        self._ops_for: list[str] = []  # the prof_ops that _ops was made from
+        self._ops: set[str] = set()
 
     def configure(self, section: Any = None, **overrides: Any) -> None:
         """From a `comms_logger` config section and/or keyword overrides (upstream's
@@ -148,7 +150,12 @@ class CommsLogger:
     def wants(self, op: str) -> bool:
         if not self.enabled or self._muted:
             return False
-        return self.prof_all or _SAME_OP.get(op, op) in {_SAME_OP.get(o, o) for o in self.prof_ops}
+        if self.prof_all:
+            return True
+        if self._ops_for != self.prof_ops:  # prof_ops changed (configure, start/stop): re-read
+            self._ops_for = list(self.prof_ops)
+            self._ops = {_SAME_OP.get(o, o) for o in self.prof_ops}
+        return _SAME_OP.get(op, op) in self._ops
 
     @contextlib.contextmanager
     def muted(self) -> Iterator[None]:

@@ -265,7 +265,7 @@ def _scheduler(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
             close = difflib.get_close_matches(key, accepted, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"{name} takes {', '.join(accepted)}"
             out.append(f"scheduler.params.{key} is not a {name} param: {hint}")
-        elif isinstance(value, str) and value != "auto" and key != "warmup_type":
+        elif isinstance(value, str) and key != "warmup_type":  # (parse took the autos out)
             out.append(f"scheduler.params.{key} is the string {value!r}: give a number")
     missing = [k for k in required if k not in sch.params and f"scheduler.params.{k}" not in autos]
     if missing:
@@ -292,11 +292,11 @@ def _profiler_and_monitors(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     if fp.enabled and fp.profile_step < 0:
         out.append(
             f"flops_profiler.profile_step is {fp.profile_step}: no step has that number; "
-            "give the step to profile (1: the first)"
+            "give the optimizer steps to complete before the profiled one (0: the first)"
         )
-    if fp.top_modules < 1:
+    if fp.enabled and fp.top_modules < 1:
         out.append(f"flops_profiler.top_modules is {fp.top_modules}: give 1 or more")
-    if fp.module_depth < -1:
+    if fp.enabled and fp.module_depth < -1:
         out.append(
             f"flops_profiler.module_depth is {fp.module_depth}: give -1 (every depth) or "
             "a depth of 0 or more"

@@ -71,11 +71,32 @@ class DeepSpeedDataLoader:
                 self.epoch = self.sampler.epoch  # the caller's set_epoch (upstream's way) wins
             self.sampler.set_epoch(self.epoch)
             self._set = self.epoch
-        return self._pass()
+        return _Pass(self)
 
-    def _pass(self) -> Iterator[Any]:
-        yield from self.loader
-        self.epoch += 1  # [Note: epochs of the loader]: only a pass that ran to its end
+
+class _Pass:
+    """One pass over the loader (len() as the DataLoader's iterator has it); the loader's
+    epoch moves on when the pass ends ([Note: epochs of the loader])."""
+
+    def __init__(self, owner: DeepSpeedDataLoader) -> None:
+        self.owner = owner
+        self.it = iter(owner.loader)
+        self.ended = False
+
+    def __iter__(self) -> _Pass:
+        return self
+
+    def __len__(self) -> int:
+        return len(self.owner.loader)
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.it)
+        except StopIteration:
+            if not self.ended:
+                self.ended = True
+                self.owner.epoch += 1
+            raise
 
 
 class RepeatingLoader:

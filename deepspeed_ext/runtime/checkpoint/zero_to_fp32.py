@@ -80,11 +80,16 @@ class LazyTensor:
     `shape` and `dtype` (float32 for floating values) are known without reading."""
 
     def __init__(
-        self, shape: torch.Size, dtype: torch.dtype, read: Callable[[], torch.Tensor]
+        self,
+        shape: torch.Size,
+        dtype: torch.dtype,
+        read: Callable[[], torch.Tensor],
+        fresh: bool = False,
     ) -> None:
         self.shape = torch.Size(shape)
         self.dtype = dtype
         self._read = read
+        self._fresh = fresh  # read() makes a new fp32 tensor: no second copy is needed
         self._kept: torch.Tensor | None = None
         self.keep = False  # a tied value: read once, every name gets the same tensor
 
@@ -92,7 +97,8 @@ class LazyTensor:
         if self._kept is not None:
             return self._kept
         t = self._read()
-        t = t.float().clone() if t.is_floating_point() else t.clone()
+        if not (self._fresh and t.dtype == torch.float32):  # a view of a mapped file
+            t = t.float().clone() if t.is_floating_point() else t.clone()
         t = t.reshape(self.shape)
         if self.keep:
             self._kept = t
@@ -153,20 +159,22 @@ def lazy_entries(
     # module order, not the buckets' (gradient buckets run in reverse, backward's order)
     for name, t in module.items():
         if name in slots:
-            gi, slot = slots[name]
-            bar.step()
-            yield name, _slot_value(parts, gi, layouts[gi], slot)
+            gi, slot = slots.pop(name)
+            yield name, _slot_value(parts, gi, layouts[gi], slot, bar)
         elif not (exclude_frozen_parameters and name in frozen):
             yield name, _lazy(masters.get(name, t))
+    for name, (gi, slot) in slots.items():  # trained, not in the module's state dict
+        yield name, _slot_value(parts, gi, layouts[gi], slot, bar)
 
 
-def _slot_value(parts: list[Any], gi: int, g: GroupLayout, s: Any) -> LazyTensor:
+def _slot_value(parts: list[Any], gi: int, g: GroupLayout, s: Any, bar: _Progress) -> LazyTensor:
     """A ZeRO 1/2 parameter: its elements of the bucket, which rank r holds the r-th chunk
     of ([Note: shard layout]), taken from each rank's partition that overlaps them."""
     c = g.buckets[s.bucket].chunk(g.world_size)
     off = g.partition_offset(s.bucket)
 
     def read() -> torch.Tensor:
+        bar.step()  # as it is read, not as it is listed
         if s.numel == 0:
             return torch.zeros(0)
         pieces = []
@@ -176,7 +184,7 @@ def _slot_value(parts: list[Any], gi: int, g: GroupLayout, s: Any) -> LazyTensor
             pieces.append(parts[r][gi][off + a : off + b])
         return torch.cat(pieces)
 
-    return LazyTensor(torch.Size(s.shape), torch.float32, read)
+    return LazyTensor(torch.Size(s.shape), torch.float32, read, fresh=True)  # cat: a copy
 
 
 def _iter_stage3(
@@ -194,10 +202,13 @@ def _iter_stage3(
     done: dict[str, LazyTensor] = {}  # only the tied ones
 
     def reader(key: str, name: str, shape: tuple[int, ...]) -> Callable[[], torch.Tensor]:
-        return lambda: full_from_shards([p[key][name] for p in parts], shape)
+        def read() -> torch.Tensor:
+            bar.step()  # as it is read, not as it is listed
+            return full_from_shards([p[key][name] for p in parts], shape)
+
+        return read
 
     for name, shape in table["params"]:
-        bar.step()
         if name in frozen and exclude_frozen:
             continue
         key = "param_shards" if name in frozen else "fp32_masters"

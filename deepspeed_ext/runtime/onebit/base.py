@@ -121,7 +121,11 @@ class OneBitOptimizer(LightOptimizer):
                 continue
             v = st["exp_avg_sq"]
             unseen = v == 0
-            v.masked_fill_(unseen, v[~unseen].mean())
+            mean = v[~unseen].mean()
+            v.masked_fill_(unseen, mean)
+            fresh = st.get("exp_avg_sq_fresh")  # 1-bit LAMB's: else its factor, frozen over
+            if fresh is not None:  # fresh variance, saw those elements' ratio as unbounded
+                fresh.masked_fill_(unseen & (fresh == 0), mean)
             self._denoms.pop(p, None)
             named.append((p, z, v.numel()))
         if named:

@@ -134,18 +134,25 @@ class _Files:
 def _own_directory(tag_dir: str, rank: int) -> tuple[str, int]:
     """rank<rank>/ under tag_dir, or rank<rank>.<n>/ for the first n no live swapper holds
     ([Note: NVMe swap files]); the directory and the descriptor holding its lock."""
-    n = 0
+    n, races = 0, 0
     while n < 1024:
         d = os.path.join(tag_dir, f"rank{int(rank)}" + (f".{n}" if n else ""))
         try:
             fd = _lock_beside(d)
+        except FileNotFoundError as e:  # a releasing holder removed tag_dir as we made it
+            fd = -1
+            if races >= 100:
+                raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
         except OSError as e:
             raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
         if fd is None:
             n += 1  # a live swapper's: the next one
             continue
-        if fd < 0:
-            continue  # its holder was releasing it as we locked: the same one again
+        if fd < 0:  # its holder was releasing it as we locked: the same one again
+            races += 1
+            if races > 100:
+                raise ValueError(f"NVMeSwapper: {d!r} kept changing under its lock; try again")
+            continue
         try:
             os.makedirs(d, exist_ok=True)  # after the lock: a releasing holder removes it
         except OSError as e:

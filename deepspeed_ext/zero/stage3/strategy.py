@@ -382,17 +382,22 @@ class Stage3Strategy:
         swap = self.optimizer_swap
         return swap.resident() if swap is not None else contextlib.nullcontext()
 
-    @staticmethod
-    def _persist(p: Any, persist: bool) -> None:
+    @torch.no_grad()
+    def _persist(self, p: Any, persist: bool) -> None:
         """Make an adopted parameter persistent or not (every rank alike, in module order:
-        the gather is a collective)."""
+        the gather and the broadcast are collectives). One released keeps what its whole
+        value held: an edit made after zero.Init built it (see _shards_from_whole) reached
+        the whole value, not the shard."""
         if bool(p.ds_persist) == persist:
             return
         p.ds_persist = persist
         if persist:
             gather_params([p])
-        else:
-            release_params([p], force=True)
+            return
+        if p.ds_status is ZeroParamStatus.AVAILABLE:
+            group_broadcast_many([p.data], self.dp)
+            write_shard(p, own_slice(p.data.reshape(-1), self.dp.rank, self.dp.size))
+        release_params([p], force=True)
 
     def _adopt(self, p: Any, device: torch.device, shard_device: torch.device) -> None:
         """A parameter zero.Init partitioned: follow the engine's dtype and devices."""

@@ -80,7 +80,10 @@ from deepspeed_ext.config import ConfigError, parse
             {"flops_profiler": {"enabled": True, "profile_step": -1}},
             "flops_profiler.profile_step is -1",
         ),
-        ({"flops_profiler": {"top_modules": 0}}, "flops_profiler.top_modules is 0"),
+        (
+            {"flops_profiler": {"enabled": True, "top_modules": 0}},
+            "flops_profiler.top_modules is 0",
+        ),
         (
             {"jsonl_monitor": {"enabled": True, "output_path": "/tmp", "job_name": ""}},
             "jsonl_monitor.job_name is empty",

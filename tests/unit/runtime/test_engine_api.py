@@ -475,7 +475,12 @@ def _surface_checks(tmp: str) -> dict:
         lr_scheduler=_Sched,  # a scheduler class is a factory
     )
     out["sched"] = isinstance(sched, _Sched) and engine.get_lr() == [0.05]
-    out["loader_attrs"] = (loader.batch_size, loader.dataset is data, loader.collate_fn is collate)
+    out["loader_attrs"] = (
+        loader.batch_size,
+        loader.dataset is data,
+        loader.collate_fn is collate,
+        len(iter(loader)) == len(loader) == 4,
+    )
     loader.data_sampler.set_epoch(3)  # upstream's per-epoch pattern
     # a peek does not move the epoch; a full pass does
     next(iter(loader))
@@ -527,7 +532,7 @@ def test_upstreams_engine_surface_for_data_schedulers_and_counts(tmp_path):
     """From a fuzzing helper's side-by-side runs with upstream 0.19.8."""
     (r,) = run_ranks(_surface_checks, 1, str(tmp_path))
     assert r["sched"]
-    assert r["loader_attrs"] == (2, True, True)
+    assert r["loader_attrs"] == (2, True, True, True)
     assert r["epochs"] == [3, 4], r["epochs"]  # the caller's set_epoch(3), then one pass
     assert r["collate_reused"]
     assert r["samples"] == [0, 4, 4, 8], r["samples"]

@@ -116,6 +116,7 @@ def test_init_and_gathered_parameters_at_their_edges():
     inside Init failed copying out of a meta tensor."""
     for r in run_ranks(runs.init_edge_cases, 2):
         assert r["persisting"] == []
+        assert r["edit_kept"], "released without writing the edited whole value to its shard"
         assert r["bias"] == [[5.0, 5.0, 5.0]] * 2, r["bias"]
         assert r["late_partitioned"]
         assert r["skip_init"] == (True, (13, 7))

@@ -274,8 +274,11 @@ def init_edge_cases() -> dict[str, Any]:
     # 1. Init without a config; the engine's threshold of 0 decides persistence
     with Init():
         model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
+    model[0].bias.data.fill_(3.0)  # a post-construction init outside GatheredParameters
     engine, *_ = initialize(model=model, config=_z3(threshold=0))
     out["persisting"] = [n for n, p in engine.module.named_parameters() if p.ds_persist]
+    with GatheredParameters([engine.module[0].bias]):
+        out["edit_kept"] = bool((engine.module[0].bias == 3.0).all())
     # 2. an edit by the modifier rank in a block that raised: every rank ends with it
     with Init(config_dict_or_path=_z3(threshold=1000)):
         small = torch.nn.Linear(4, 3)

@@ -478,5 +478,11 @@ def unseen_rows() -> dict[str, Any]:
             engine.step()
             losses.append(float(loss.detach()))
             moved.append(float((engine.module.embed.weight[10:] - w0).abs().max()))
-        out[name] = {"moved": moved, "losses": losses}
+        st = engine.optimizer.state.get(engine.module.embed.weight, {})
+        factor = st.get("last_factor")
+        out[name] = {
+            "moved": moved,
+            "losses": losses,
+            "factor": None if factor is None else float(factor),
+        }
     return out
