@@ -24,6 +24,13 @@ def at_start(config: Any, pipeline: bool) -> None:
                 "info, warning, error, critical"
             )
         logger.setLevel(level)
+        if config.steps_per_print is not None and level > logging.INFO:
+            # the metrics line is an INFO record: asked for, and hidden by the same config
+            logger.warning(
+                f"steps_per_print is {config.steps_per_print} but log_level "
+                f"{config.log_level!r} hides the metrics line (an info record): set log_level "
+                "to info, or enable a monitor (jsonl_monitor, ...) for the metrics"
+            )
     for line in [*support.noted(config), *support.stage_mismatched(config)]:
         logger.warning(line)
     if not pipeline:

@@ -320,7 +320,10 @@ def _unread_breakdown() -> dict:
         initialize(model=mlp(), config={**base, **extra})
         said.append([w for w in warned if "nothing shows them" in w])
     engine, *_ = initialize(model=mlp(), config={**base, "flops_profiler": {"enabled": True}})
-    return {"said": said, "wall_clock": engine.wall_clock_breakdown()}
+    warned.clear()
+    initialize(model=mlp(), config={**base, "steps_per_print": 1, "log_level": "warning"})
+    hidden = [w for w in warned if "hides the metrics line" in w]
+    return {"said": said, "wall_clock": engine.wall_clock_breakdown(), "hidden": hidden}
 
 
 def test_a_breakdown_nothing_shows_is_said_and_the_profiler_turns_it_on():
@@ -328,6 +331,8 @@ def test_a_breakdown_nothing_shows_is_said_and_the_profiler_turns_it_on():
     assert len(r["said"][0]) == 1 and "wall_clock_breakdown is on" in r["said"][0][0]
     assert r["said"][1] == []  # the metrics line shows it
     assert r["wall_clock"] is True  # upstream's: the FLOPs profiler times the phases
+    # steps_per_print with a log_level that hides the line (an info record) is said
+    assert len(r["hidden"]) == 1 and "log_level 'warning'" in r["hidden"][0], r["hidden"]
 
 
 def _frozen_model(stage: int) -> dict:
