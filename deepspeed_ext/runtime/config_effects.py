@@ -1,6 +1,6 @@
 """Config keys that act once, as the engine starts: the log level, the keys that have no
-effect here (said once, [Note: config honesty]), upstream's vocabulary-size hint, and
-dump_state."""
+effect here (said once, [Note: config honesty]), breakdowns nothing would show, upstream's
+vocabulary-size hint, and dump_state."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from deepspeed_ext.config import support
+from deepspeed_ext.monitor import monitors_enabled
 from deepspeed_ext.utils.logging import logger
 
 # Tensor cores want matrix sides in multiples of 8 (upstream's hint uses the same).
@@ -31,6 +32,14 @@ def at_start(config: Any, pipeline: bool) -> None:
                 f"{config.log_level!r} hides the metrics line (an info record): set log_level "
                 "to info, or enable a monitor (jsonl_monitor, ...) for the metrics"
             )
+    shown = config.steps_per_print is not None or monitors_enabled(config)
+    on = [k for k in ("wall_clock_breakdown", "memory_breakdown") if getattr(config, k)]
+    if on and not shown:  # measured, and never shown: the metrics line and monitors show them
+        logger.warning(
+            f"{' and '.join(on)} {'is' if len(on) == 1 else 'are'} on, but nothing shows "
+            "them: set steps_per_print (the metrics line every N steps) or enable a "
+            "monitor (jsonl_monitor, csv_monitor, tensorboard, ...)"
+        )
     for line in [*support.noted(config), *support.stage_mismatched(config)]:
         logger.warning(line)
     if not pipeline:

@@ -195,7 +195,6 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             ],
             rank_times=rank_times_from_config(config, self.rank, comm.waits.take),
         )
-        self._say_unread_breakdowns(config)
         # upstream's engine.monitor: write_events() for the user's own scalars
         self.monitor = MonitorMaster(self.metrics.writers, monitors_enabled(config))
         self.global_steps = 0
@@ -355,18 +354,6 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         with self.timers.phase("forward"):
             return self.module(*inputs, **kwargs)
 
-    def _say_unread_breakdowns(self, config: Any) -> None:
-        """wall_clock_breakdown and memory_breakdown go to the metrics line and the monitors:
-        with neither (no steps_per_print, no monitor) they were measured and never shown."""
-        on = [k for k in ("wall_clock_breakdown", "memory_breakdown") if getattr(config, k)]
-        m = self.metrics
-        if on and self.rank == 0 and not (m.print_line or m.writers or m.rank_times):
-            logger.warning(
-                f"{' and '.join(on)} {'is' if len(on) == 1 else 'are'} on, but nothing shows "
-                "them: set steps_per_print (the metrics line every N steps) or enable a "
-                "monitor (jsonl_monitor, csv_monitor, tensorboard, ...)"
-            )
-
     def _show_loss_scale(self) -> None:
         """Upstream's fp16 optimizers carry the scale (`loss_scale`; ZeRO's `cur_scale` and
         `dynamic_loss_scale` too), which Megatron-style logging reads off the optimizer."""
@@ -495,7 +482,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     def no_sync(self) -> Iterator[None]:
         """Accumulate without reducing: the reduction happens on the next synced boundary.
         Not re-entrant, and step() is refused inside (as upstream's)."""
-        if not self.strategy.sync_enabled:
+        if self._inside_no_sync():
             raise RuntimeError("engine.no_sync() is already active: it does not nest")
         self.strategy.sync_enabled = False
         try:

@@ -108,9 +108,13 @@ class LazyTensor:
         return f"LazyTensor(shape={tuple(self.shape)}, dtype={self.dtype})"
 
 
-def _lazy(t: torch.Tensor, shape: torch.Size | None = None) -> LazyTensor:
-    dtype = torch.float32 if t.is_floating_point() else t.dtype
-    return LazyTensor(t.shape if shape is None else shape, dtype, lambda: t)
+def _out_dtype(t: torch.Tensor) -> torch.dtype:
+    """What a saved value consolidates to: fp32 if floating, else its own dtype."""
+    return torch.float32 if t.is_floating_point() else t.dtype
+
+
+def _lazy(t: torch.Tensor) -> LazyTensor:
+    return LazyTensor(t.shape, _out_dtype(t), lambda: t)
 
 
 def iter_fp32_params(
@@ -312,8 +316,11 @@ def _iter_tensor_parallel(
 def _whole_lazy(name: str, values: list[torch.Tensor], table: dict[str, Any]) -> LazyTensor:
     """A value saved by several tensor ranks, made whole (when sliced) only when read."""
     shape = tp.spec_from_table(table[name]).full_shape if name in table else values[0].shape
-    dtype = torch.float32 if values[0].is_floating_point() else values[0].dtype
-    return LazyTensor(torch.Size(shape), dtype, lambda: whole_value(name, values, table))
+
+    def read() -> torch.Tensor:
+        return whole_value(name, values, table)
+
+    return LazyTensor(torch.Size(shape), _out_dtype(values[0]), read)
 
 
 def _tied_names(module: dict[str, Any], masters: dict[str, Any]) -> dict[str, str]:

@@ -139,10 +139,6 @@ def _own_directory(tag_dir: str, rank: int) -> tuple[str, int]:
         d = os.path.join(tag_dir, f"rank{int(rank)}" + (f".{n}" if n else ""))
         try:
             fd = _lock_beside(d)
-        except FileNotFoundError as e:  # a releasing holder removed tag_dir as we made it
-            fd = -1
-            if races >= 100:
-                raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
         except OSError as e:
             raise ValueError(f"NVMeSwapper: cannot create {d!r} ({e.strerror})") from None
         if fd is None:
@@ -166,9 +162,13 @@ def _lock_beside(d: str) -> int | None:
     """An exclusive lock on d.lock (beside d: the keys stay alone in d): its descriptor;
     None if a live swapper holds it; -1 if the file we locked is no longer d.lock (its
     holder unlinked it while releasing, between our open and our lock: holding that file
-    would own nothing, and the next swapper would take d too)."""
+    would own nothing, and the next swapper would take d too; or removed the folder it is
+    in between our makedirs and our open)."""
     os.makedirs(os.path.dirname(d), exist_ok=True)
-    fd = os.open(d + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fd = os.open(d + ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+    except FileNotFoundError:
+        return -1
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

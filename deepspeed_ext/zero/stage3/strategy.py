@@ -160,9 +160,15 @@ class Stage3Strategy:
         the whole value but not the shard the masters start from, and the first step then
         put the old value back: data-parallel rank 0's whole value becomes every rank's,
         and each shard is cut from it."""
-        group_broadcast_many([p.data for p in self.persistent], self.dp)
-        for p in self.persistent:
-            p.ds_tensor.copy_(own_slice(p.data.reshape(-1), self.dp.rank, self.dp.size))
+        self._cut_shards(self.persistent)
+
+    @torch.no_grad()
+    def _cut_shards(self, params: list[Any]) -> None:
+        """Data-parallel rank 0's whole values become every rank's, and each rank's shard
+        is cut from them (a collective: every rank, the same params in the same order)."""
+        group_broadcast_many([p.data for p in params], self.dp)
+        for p in params:
+            write_shard(p, own_slice(p.data.reshape(-1), self.dp.rank, self.dp.size))
 
     @torch.no_grad()
     def _partition_all(self, module: torch.nn.Module, device: torch.device) -> None:
@@ -170,6 +176,7 @@ class Stage3Strategy:
         shard_device = torch.device("cpu") if self.options.param_offload != "none" else device
         persistent_left = self.options.model_persistence_threshold
         whole = kept_whole(module, self.options.allowed_types, self.options.forced_types)
+        adopted: list[tuple[Any, bool]] = []  # zero.Init's, with the engine's persistence
         p: Any
         for name, p in module.named_parameters():
             p.ds_name = name
@@ -185,13 +192,12 @@ class Stage3Strategy:
                 persistent_left -= numel
             if is_zero_param(p):
                 self._adopt(p, device, shard_device)
-                # the engine's thresholds, not zero.Init's (one built without a config kept
-                # every parameter up to 100k elements whole on every rank)
-                self._persist(p, persist or id(p) in whole)
+                adopted.append((p, persist or id(p) in whole))
                 continue
             convert(p, self.dp, shard_device, device, persist or id(p) in whole)
             if self.options.pin_memory and shard_device.type == "cpu" and device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()  # host-to-device copies run async
+        self._repersist(adopted)
 
     def _check_nvme_paths(self, module: torch.nn.Module, groups: list[dict[str, Any]]) -> None:
         """An unusable nvme_path (not a writable directory, too little free space for this
@@ -383,21 +389,23 @@ class Stage3Strategy:
         return swap.resident() if swap is not None else contextlib.nullcontext()
 
     @torch.no_grad()
-    def _persist(self, p: Any, persist: bool) -> None:
-        """Make an adopted parameter persistent or not (every rank alike, in module order:
-        the gather and the broadcast are collectives). One released keeps what its whole
-        value held: an edit made after zero.Init built it (see _shards_from_whole) reached
-        the whole value, not the shard."""
-        if bool(p.ds_persist) == persist:
-            return
-        p.ds_persist = persist
-        if persist:
-            gather_params([p])
-            return
-        if p.ds_status is ZeroParamStatus.AVAILABLE:
-            group_broadcast_many([p.data], self.dp)
-            write_shard(p, own_slice(p.data.reshape(-1), self.dp.rank, self.dp.size))
-        release_params([p], force=True)
+    def _repersist(self, adopted: list[tuple[Any, bool]]) -> None:
+        """zero.Init's parameters take the engine's persistence, not Init's (one built
+        without a config kept every parameter up to 100k elements whole on every rank): the
+        ones to keep whole are gathered, the others released, all at once. One released
+        keeps what its whole value held: an edit made after zero.Init built it reached the
+        whole value, not the shard (see _shards_from_whole)."""
+        gain = [p for p, keep in adopted if keep and not p.ds_persist]
+        drop = [p for p, keep in adopted if not keep and p.ds_persist]
+        if gain:
+            for p in gain:
+                p.ds_persist = True
+            gather_params(gain)
+        if drop:
+            for p in drop:
+                p.ds_persist = False
+            self._cut_shards([p for p in drop if p.ds_status is ZeroParamStatus.AVAILABLE])
+            release_params(drop, force=True)
 
     def _adopt(self, p: Any, device: torch.device, shard_device: torch.device) -> None:
         """A parameter zero.Init partitioned: follow the engine's dtype and devices."""
