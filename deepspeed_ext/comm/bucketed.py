@@ -8,7 +8,9 @@ launched asynchronously, overlapping the rest of backward (gloo and nccl both ru
 work). Buckets are launched strictly in index order, so every rank issues the same sequence
 of collectives even when its grads become ready in another order (a mismatch would hang).
 wait() finishes them all and divides by the world size (the average, as DDP does; how and
-where is the GradAverage's choice).
+where is the GradAverage's choice). The params of an MoE layer's experts spread over ranks go
+to buckets of their own, summed over their expert-data-parallel group and divided by the
+same data-parallel size ([Note: expert groups]).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from .averaging import MEAN, GradAverage
 from .cast import in_dtype
 from .checked import dist
+from .expert_groups import ExpertGroups, expert_groups_of
 from .hierarchical import NodeGroups, advance, all_reduce_hierarchical
 from .layout import resolve
 
@@ -47,21 +50,35 @@ class GradBuckets:
         self.views: dict[torch.Tensor, torch.Tensor] = {}
         self._bucket_of: dict[torch.Tensor, int] = {}
         self._members: list[list[torch.Tensor]] = []
-        current: list[torch.Tensor] = []
-        size = 0
+        # [bucket] -> the expert groups its params are reduced over; None: the data group
+        self.experts: list[ExpertGroups | None] = []
+        open_: dict[str, tuple[list[torch.Tensor], int]] = {}  # by expert group name ("")
+        groups: dict[str, ExpertGroups | None] = {"": None}
         for p in reversed(params):
+            eg = expert_groups_of(p)
+            key = eg.name if eg is not None else ""
+            groups[key] = eg
+            current, size = open_.pop(key, ([], 0))
             current.append(p)
             size += p.numel()
             if size >= bucket_numel:
-                self._add_bucket(current, size, dtype)
-                current, size = [], 0
-        if current:
-            self._add_bucket(current, size, dtype)
+                self._add_bucket(current, size, dtype, eg)
+            else:
+                open_[key] = (current, size)
+        for key, (current, size) in open_.items():  # an order every rank shares (same params)
+            self._add_bucket(current, size, dtype, groups[key])
         self._pending: list[int] = [0] * len(self.buffers)
         self._next = len(self.buffers)  # next bucket to launch; all launched until start()
         self._works: list[Any] = []
 
-    def _add_bucket(self, members: list[torch.Tensor], size: int, dtype: torch.dtype) -> None:
+    def _add_bucket(
+        self,
+        members: list[torch.Tensor],
+        size: int,
+        dtype: torch.dtype,
+        experts: ExpertGroups | None,
+    ) -> None:
+        self.experts.append(experts)
         device = members[0].device
         buf = torch.zeros(size, dtype=dtype, device=device)
         offset = 0
@@ -84,7 +101,7 @@ class GradBuckets:
 
     def mark_ready(self, p: torch.Tensor) -> None:
         if self.hierarchy is not None:  # hierarchical sums' next collectives, in order
-            advance([seg for w in self._works for seg in w.segments])
+            advance([seg for w in self._works for seg in getattr(w, "segments", ())])
         self._pending[self._bucket_of[p]] -= 1
         while self._next < len(self.buffers) and self._pending[self._next] == 0:
             self._launch(self._next)
@@ -95,6 +112,18 @@ class GradBuckets:
             if self.before != 1:
                 self.buffers[b].mul_(self.before)
             hierarchy = self.hierarchy
+            experts = self.experts[b]
+            if experts is not None:  # an expert bucket: summed where its experts are copied
+                if experts.expert_data.size > 1:
+                    group = experts.expert_data.group
+                    self._works.append(
+                        in_dtype(
+                            self.buffers[b],
+                            self.comm_dtype,
+                            lambda t: dist.all_reduce(t, group=group, async_op=True),
+                        )
+                    )
+                return
             if hierarchy is not None:
                 launch: Any = lambda t: all_reduce_hierarchical(t, hierarchy)  # noqa: E731
             else:

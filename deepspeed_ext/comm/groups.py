@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .expert_groups import ensure_expert_groups, expert_groups_made
 from .layout import current
 
 
@@ -107,3 +108,71 @@ def _get_sequence_data_parallel_world_size() -> int:
 
 def _get_sequence_data_parallel_rank() -> int:
     return _get_data_parallel_rank()
+
+
+# -- expert groups ([Note: expert groups]), by upstream's names; `group_name` is "ep_size_E" --
+def _expert(group_name: str) -> Any:
+    made = expert_groups_made()
+    if group_name not in made:
+        known = ", ".join(sorted(made)) or "none yet"
+        raise KeyError(
+            f"no expert group named {group_name!r} (made: {known}): groups are made when "
+            "deepspeed.initialize sees an MoE layer with that ep_size"
+        )
+    return made[group_name]
+
+
+def _create_expert_and_data_parallel(
+    expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False
+) -> None:
+    """Make the groups of ep_size expert_parallel_size_ under the current layout (collective)."""
+    ensure_expert_groups(expert_parallel_size_, use_data_before_expert_parallel_)
+
+
+def _get_expert_parallel_group(group_name: str) -> Any:
+    return _expert(group_name).expert.process_group()
+
+
+def _get_expert_parallel_group_dict() -> dict[str, Any]:
+    return {n: g.expert.process_group() for n, g in expert_groups_made().items()}
+
+
+def _get_expert_data_parallel_group(group_name: str) -> Any:
+    return _expert(group_name).expert_data.process_group()
+
+
+def _get_expert_data_parallel_group_dict() -> dict[str, Any]:
+    return {n: g.expert_data.process_group() for n, g in expert_groups_made().items()}
+
+
+def _get_expert_parallel_world_size(group_name: str) -> int:
+    return _expert(group_name).expert.size
+
+
+def _get_expert_parallel_rank(group_name: str) -> int:
+    return _expert(group_name).expert.rank
+
+
+def _get_expert_parallel_src_rank(group_name: str) -> int:
+    return _expert(group_name).expert.global_rank(0)
+
+
+def _get_expert_data_parallel_world_size(group_name: str) -> int:
+    return _expert(group_name).expert_data.size
+
+
+def _get_expert_data_parallel_rank(group_name: str) -> int:
+    return _expert(group_name).expert_data.rank
+
+
+def _get_max_expert_size() -> int:
+    """The largest ep_size among the groups made (1 when none)."""
+    return max((g.ep_size for g in expert_groups_made().values()), default=1)
+
+
+def _get_max_expert_size_name() -> str:
+    return f"ep_size_{_get_max_expert_size()}"
+
+
+def _get_max_expert_parallel_group() -> Any:
+    return _get_expert_parallel_group(_get_max_expert_size_name())

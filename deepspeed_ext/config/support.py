@@ -89,7 +89,6 @@ REFUSED: dict[str, Rule] = {
     "sparse_gradients": Rule(f"sparse embedding gradients {_UNBUILT}"),
     "graph_harvesting": Rule(f"CUDA-graph harvesting {_UNBUILT}"),
     "sequence_parallel_size": Rule(_SP, allowed=(1,)),
-    "use_data_before_expert_parallelism": Rule(f"expert parallelism (MoE) {_UNBUILT}"),
     "disable_allgather": Rule(f"replacing the all-gather by broadcasts {_UNBUILT}"),
     "fp16.auto_cast": Rule("casting inputs to fp16 is not built yet; cast them in the model"),
     "fp16.fp16_master_weights_and_grads": Rule(f"fp16 master weights {_UNBUILT}"),

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from deepspeed_ext.comm import collective_device, sum_tensor_over
+from deepspeed_ext.comm.expert_groups import expert_buffers
 from deepspeed_ext.utils.errors import CheckpointError
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.checkpoint import errors_restart
@@ -83,10 +84,17 @@ class DataParallelStrategy:
         self.grads.finish()
 
     def grad_sq_sum(self) -> torch.Tensor:
-        # after the all-reduce every data-parallel rank holds the same grads
-        sq = sum_of_squares(self.grads.flat(), collective_device(self.dp))
+        # after the all-reduce every data-parallel rank holds the same grads, but for the
+        # experts spread over ranks ([Note: expert groups]): each of those is summed over its
+        # expert-parallel group, which holds every expert once
+        device = collective_device(self.dp)
+        buckets = self.grads.buckets
+        dense = [b for b, e in zip(buckets.buffers, buckets.experts) if e is None]
+        sq = sum_of_squares(dense, device)
         if self.grads.local:  # each its own: the mean over ranks, one value everywhere (so
             return sum_tensor_over(sq, self.dp) / self.dp.size  # overflow and clipping agree)
+        for groups, bufs in expert_buffers(buckets):
+            sq = sq + sum_tensor_over(sum_of_squares(bufs, device), groups.expert)
         return sq
 
     def scale_grads_(self, factor: float) -> None:
@@ -197,11 +205,12 @@ class DataParallelStrategy:
                 m.copy_(saved[n])
         # after the masters: 0/1 Adam's local steps leave each rank's params its own
         if hasattr(optimizer, "load_per_rank_state_dict") or self.grads.exchange is not None:
-            self._load_per_rank(optimizer, files)
+            self.load_per_rank(optimizer, files)
         if saved is not None or hasattr(optimizer, "load_per_rank_state_dict"):
             self.masters.copy_to_model()
 
-    def _load_per_rank(self, optimizer: Any, files: RankFiles) -> None:
+    def load_per_rank(self, optimizer: Any, files: RankFiles) -> None:
+        """Each rank's own state from its file (after the optimizer's)."""
         own = files.read(self.dp.rank) if files.has(self.dp.rank) else {}
         ok = True
         if hasattr(optimizer, "load_per_rank_state_dict"):

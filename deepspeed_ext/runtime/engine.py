@@ -19,6 +19,7 @@ import torch
 from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
+from deepspeed_ext.comm.expert_groups import expert_groups_of
 from deepspeed_ext.monitor import (
     MemoryBreakdown,
     MonitorMaster,
@@ -36,7 +37,7 @@ from deepspeed_ext.zero.offload.nvme import aio_settings
 from deepspeed_ext.zero.protocol import GradientStrategy, StrategyContext
 
 from . import checkpoint as ckpt
-from . import config_effects, slow_nodes, sparse_attention, tensor_parallel
+from . import config_effects, moe_setup, slow_nodes, sparse_attention, tensor_parallel
 from .activation_checkpointing import settings as activation_checkpointing
 from .dataloader import DeepSpeedDataLoader, batch_tokens
 from .engine_manual import EngineManual
@@ -122,6 +123,14 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         if config.fp16_override_modules:
             dtype = torch.float16 if config.fp16.enabled else torch.bfloat16
             compute_in_fp32(self.module, config.fp16_override_modules, dtype)
+        # [Note: expert groups]: before the broadcast, which skips spread experts
+        self.moe_layers = moe_setup.configure(
+            self.module,
+            config,
+            self.zero_optimization_stage(),
+            self.pipeline_parallelism,
+            self.layout.tensor.size,
+        )
         self._broadcast_module()
 
         params = [p for p in self.module.parameters()]
@@ -241,9 +250,19 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         does (other model-parallel ranks hold other parts of the model)."""
         with torch.no_grad():
             every = [*self.module.parameters(), *self.module.buffers()]
-            # zero.Init broadcast the ds_id ones at construction
-            plain = [t.data for t in every if not hasattr(t, "ds_id")]
+            # zero.Init broadcast the ds_id ones at construction; experts spread over ranks
+            # start from their own copies' rank 0 ([Note: expert groups])
+            plain = [
+                t.data for t in every if not hasattr(t, "ds_id") and expert_groups_of(t) is None
+            ]
             comm.group_broadcast_many(plain, self.layout.data)
+            spread: dict[str, tuple[Any, list[torch.Tensor]]] = {}
+            for p in self.module.parameters():
+                groups = expert_groups_of(p)
+                if groups is not None:
+                    spread.setdefault(groups.name, (groups, []))[1].append(p.data)
+            for groups, tensors in spread.values():
+                comm.group_broadcast_many(tensors, groups.expert_data)
 
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
         """The model's param groups: a client optimizer's, model_parameters (params or groups),
@@ -578,12 +597,15 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         from a checkpoint saved at another tensor-parallel size, this rank's cut of it
         ([Note: AutoTP checkpoints])."""
         state, self._ckpt_saved = ckpt.tensor_slices.state_to_load(self, ckpt_dir, path)
-        return state
+        return ckpt.experts.localize_module(self, ckpt_dir, state)
 
     def _load_optimizer_state(self, state: dict[str, Any], files: Any) -> None:
         saved = getattr(self, "_ckpt_saved", None)
         if saved is not None:  # saved at another tensor-parallel size
             ckpt.tensor_slices.load_optimizer(self, files.where, saved, ckpt.RankFileReader)
+            return
+        if state.get("moe") is not None and ckpt.experts.applies(self):
+            ckpt.experts.load_optimizer(self, files, state)  # by name: any ep_size
             return
         self.strategy.load_optimizer_state(self.optimizer, state, files)
 

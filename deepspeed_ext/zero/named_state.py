@@ -37,10 +37,14 @@ class NamedState:
 
 
 def from_stage0(
-    model_state: dict[str, Any], param_names: list[list[str]], weights: dict[str, torch.Tensor]
+    model_state: dict[str, Any],
+    param_names: list[list[str]],
+    weights: dict[str, torch.Tensor],
+    skip_missing: bool = False,
 ) -> NamedState:
     """A stage-0 model-states file; `weights` (the saved module) are the masters of an fp32
-    model (a 16-bit model's masters are in the file)."""
+    model (a 16-bit model's masters are in the file). skip_missing: leave out the names with
+    no master (MoE experts kept elsewhere: [Note: expert checkpoint files])."""
     out = NamedState()
     sd = model_state.get("optimizer")
     if sd is None:
@@ -49,6 +53,8 @@ def from_stage0(
     for group, names in zip(sd["param_groups"], param_names):
         opts = {k: v for k, v in group.items() if k != "params"}
         for pid, name in zip(group["params"], names):
+            if skip_missing and name not in masters:
+                continue
             out.state[name] = {
                 k: (v.reshape(-1) if is_per_element(k, v, masters[name].numel()) else v)
                 for k, v in sd["state"].get(pid, {}).items()

@@ -1,4 +1,4 @@
-from . import tensor_slices
+from . import experts, tensor_slices
 from .checkpoint_engine import CheckpointEngine, TorchCheckpointEngine
 from .clone import clone_tensors_for_torch_save
 from .engine_io import RankFileReader, load_checkpoint, save_checkpoint
@@ -10,6 +10,7 @@ from .weights16 import consolidated_state_dict, save_16bit_model
 __all__ = [
     "CheckpointEngine",
     "CheckpointError",
+    "experts",
     "RankFileReader",
     "clone_tensors_for_torch_save",
     "consolidated_state_dict",

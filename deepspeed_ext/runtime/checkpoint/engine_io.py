@@ -19,7 +19,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.version import __version__
 
-from . import atomic, layout, safe_load, tensor_slices
+from . import atomic, experts, layout, safe_load, tensor_slices
 from .tag_check import validate_tag
 
 # Keys the engine owns; everything else in the file is the client's.
@@ -46,6 +46,7 @@ ENGINE_KEYS = frozenset(
         "zero3_params",
         "pipeline",
         "tensor_parallel",
+        "moe",
     }
 )
 
@@ -119,6 +120,9 @@ def save_checkpoint(
     if per_rank is not None:
         torch.save(per_rank, tmp / zero_file)
     engine._write_module_files(tmp, exclude_frozen_parameters)
+    moe = experts.applies(engine)  # [Note: expert checkpoint files]
+    if moe:
+        experts.write_expert_files(engine, tmp, mp_rank)
     comm.barrier()
     if dp_rank == 0:  # one model-states file per model-parallel rank
         state = {
@@ -145,6 +149,8 @@ def save_checkpoint(
         state.update(engine._checkpoint_extras(tmp, exclude_frozen_parameters))
         if getattr(engine, "autotp", None) is not None:  # [Note: tensor-slice table]
             state["tensor_parallel"] = tensor_slices.saved_info(engine)
+        if moe:
+            state = experts.model_state_part(engine, state)
         torch.save(state, tmp / layout.model_states_name(mp_rank))
     comm.barrier()
     if comm.get_rank() == 0:

@@ -13,6 +13,13 @@ def zero_optim_states_name(dp_rank: int, mp_rank: int = 0) -> str:
     return f"zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
 
 
+def expert_file_names(layer: int, expert: int, mp_rank: int = 0) -> tuple[str, str]:
+    """(upstream's expert model-states file, ours beside it for the expert's optimizer state):
+    [Note: expert checkpoint files]."""
+    base = f"layer_{layer}_expert_{expert}_mp_rank_{mp_rank:02d}"
+    return f"{base}_model_states.pt", f"{base}_optim_states.pt"
+
+
 def default_tag(global_steps: int) -> str:
     return f"global_step{global_steps}"
 

@@ -7,7 +7,8 @@ model. A strategy that partitions parameters (stage 3) provides
 `gathered_state_dict(exclude_frozen: bool) -> dict | None`: a collective every rank enters,
 returning the full state dict on rank 0 and None elsewhere; when the engine's strategy has it,
 it is used instead. Under tensor slicing the sliced weights are made whole first
-([Note: tensor-slice table]). Either way rank 0 gets cloned tensors (a view into a flat ZeRO
+([Note: tensor-slice table]); MoE experts spread over ranks are gathered and named globally
+([Note: expert checkpoint files]). Either way rank 0 gets cloned tensors (a view into a flat ZeRO
 buffer would otherwise drag the whole buffer into the file) and the other ranks None, as
 upstream.
 """
@@ -23,6 +24,7 @@ import torch
 from deepspeed_ext import comm, tp
 from deepspeed_ext.utils.logging import logger
 
+from . import experts
 from .clone import clone_tensors_for_torch_save
 
 
@@ -37,6 +39,8 @@ def consolidated_state_dict(
     # tensor groups of data-parallel rank 0 (rank 0's among them); the others hold copies
     sliced = getattr(engine, "autotp", None) is not None and engine.layout.data.rank == 0
     sd = tp.full_state_dict(engine.module, engine.layout.tensor) if sliced else None
+    if experts.spread(engine):  # MoE experts on other ranks: gathered, named globally
+        sd = experts.whole_state_dict(engine)
     if comm.get_rank() != 0:
         return None
     sd = sd if sd is not None else engine.module.state_dict()

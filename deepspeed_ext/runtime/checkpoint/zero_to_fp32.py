@@ -169,6 +169,23 @@ def lazy_entries(
             yield name, _lazy(masters.get(name, t))
     for name, (gi, slot) in slots.items():  # trained, not in the module's state dict
         yield name, _slot_value(parts, gi, layouts[gi], slot, bar)
+    moe = states.get("moe") or {}
+    if moe.get("expert_files"):  # [Note: expert checkpoint files]
+        yield from _iter_expert_files(d, moe, frozen, exclude_frozen_parameters)
+
+
+def _iter_expert_files(
+    d: Path, moe: dict[str, Any], frozen: set[str], exclude_frozen: bool
+) -> Iterator[tuple[str, LazyTensor]]:
+    """Each expert of each MoE layer: its fp32 master, or its saved value (a buffer, a
+    frozen param, an fp32 model's weight)."""
+    for li, (_, num_experts) in enumerate(moe["layers"]):
+        for g in range(num_experts):
+            model_file, optim_file = layout.expert_file_names(li, g)
+            masters = _load_mmap(d / optim_file)["master_weights"]
+            for name, t in _load_mmap(d / model_file).items():
+                if not (exclude_frozen and name in frozen):
+                    yield name, _lazy(masters.get(name, t))
 
 
 def _slot_value(parts: list[Any], gi: int, g: GroupLayout, s: Any, bar: _Progress) -> LazyTensor:

@@ -37,8 +37,10 @@ ALLOWED: dict[str, set[str]] = {
     "deepspeed_ext.monitor": {P + "accelerator", P + "utils"},
     "deepspeed_ext.zero": {P + x for x in ("comm", "ops", "config", "accelerator", "utils")},
     "deepspeed_ext.tp": {P + x for x in ("comm", "ops", "config", "accelerator", "utils")},
+    "deepspeed_ext.moe": {P + x for x in ("comm", "accelerator", "utils")},
     "deepspeed_ext.runtime": {
-        P + x for x in ("zero", "tp", "comm", "ops", "config", "monitor", "accelerator", "utils")
+        P + x
+        for x in ("zero", "tp", "moe", "comm", "ops", "config", "monitor", "accelerator", "utils")
     },
     "deepspeed_ext.launcher": {P + "config", P + "utils"},
     "deepspeed_ext.env_report": {"*"},

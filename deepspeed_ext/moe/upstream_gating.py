@@ -1,0 +1,92 @@
+"""Upstream's gating functions by their names and signatures, returning the dense
+(l_aux, combine_weights [s, e, c], dispatch_mask [s, e, c], exp_counts) of [Note: MoE routes].
+`ep_group` is an ExpertGroups (or None): without drop_tokens the capacity is agreed over it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm.expert_groups import max_over
+
+from . import gating
+
+Dense = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def _agree(ep_group: Any, device: torch.device) -> gating.Reduce:
+    if ep_group is None:
+        return int
+    return lambda c: max_over(c, ep_group.expert, device)
+
+
+def _dense(r: gating.Routes) -> Dense:
+    combine_weights, dispatch_mask = gating.dense_weights(r)
+    return r.l_aux, combine_weights, dispatch_mask, r.exp_counts
+
+
+def top1gating(
+    logits: torch.Tensor,
+    capacity_factor: float,
+    min_capacity: int,
+    used_token: torch.Tensor | None = None,
+    noisy_gate_policy: str | None = None,
+    drop_tokens: bool = True,
+    use_rts: bool = True,
+    ep_group: Any = None,
+    use_tutel: bool = False,
+) -> Dense:
+    r = gating.top1(
+        logits,
+        capacity_factor,
+        min_capacity,
+        used_token,
+        noisy_gate_policy,
+        drop_tokens,
+        use_rts,
+        _agree(ep_group, logits.device),
+    )
+    return _dense(r)
+
+
+def top2gating(
+    logits: torch.Tensor,
+    capacity_factor: float,
+    min_capacity: int,
+    drop_tokens: bool = True,
+    ep_group: Any = None,
+    top2_2nd_expert_sampling: bool = True,
+) -> Dense:
+    r = gating.top2(
+        logits,
+        capacity_factor,
+        min_capacity,
+        None,
+        drop_tokens,
+        top2_2nd_expert_sampling,
+        _agree(ep_group, logits.device),
+    )
+    return _dense(r)
+
+
+def topkgating(
+    logits: torch.Tensor,
+    k: int,
+    capacity_factor: float,
+    min_capacity: int,
+    drop_tokens: bool = True,
+    ep_group: Any = None,
+    drop_policy: str = "probs",
+) -> Dense:
+    r = gating.topk(
+        logits,
+        k,
+        capacity_factor,
+        min_capacity,
+        None,
+        drop_tokens,
+        drop_policy,
+        _agree(ep_group, logits.device),
+    )
+    return _dense(r)

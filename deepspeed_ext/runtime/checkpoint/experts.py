@@ -1,0 +1,272 @@
+"""Checkpoints of models with MoE layers (stage 0, the stage such layers run at when their
+experts are spread over ranks).
+
+[Note: expert checkpoint files]
+A rank holds experts num_local x ep_rank .. num_local x (ep_rank + 1) - 1 of each MoE layer
+under local names (`...deepspeed_experts.<j>...`); a checkpoint names every expert by its
+global index, so it loads at another ep_size (or into a model with every expert local, or
+from one). Where experts are spread, the first copy of each (expert-data rank 0) writes,
+per expert, upstream's `layer_<L>_expert_<g>_mp_rank_XX_model_states.pt` (its state dict,
+global names; L counts the model's MoE layers in module order) and, beside it,
+`layer_<L>_expert_<g>_mp_rank_XX_optim_states.pt` (its params' optimizer state, group
+options and fp32 masters by name: [Note: named optimizer state]); the model-states file then
+holds the dense part only. The model-states file of any stage-0 model with MoE layers records
+`moe`: the layers (path, num_experts) and the names of rank 0's optimizer params, globalised,
+so the dense optimizer state is read by name. Loading takes this rank's experts from their
+files (or from the module state of a checkpoint whose experts were all local).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from deepspeed_ext import comm
+from deepspeed_ext.moe.layer import MOELayer
+from deepspeed_ext.utils.errors import CheckpointError
+from deepspeed_ext.zero.named_state import NamedState, from_stage0, is_per_element
+
+from . import safe_load
+from .layout import expert_file_names
+
+
+def layers(module: torch.nn.Module) -> list[tuple[str, MOELayer]]:
+    return [(n, m) for n, m in module.named_modules() if isinstance(m, MOELayer)]
+
+
+def applies(engine: Any) -> bool:
+    """Whether this engine's checkpoints take the expert layout (stage 0, no pipeline)."""
+    return bool(
+        layers(engine.module)
+        and not engine.zero_optimization_stage()
+        and not engine.pipeline_parallelism
+    )
+
+
+def spread(engine: Any) -> bool:
+    return any(m.ep_size > 1 for _, m in layers(engine.module))
+
+
+def _expert_prefix(path: str, j: int) -> str:
+    return f"{path}.experts.deepspeed_experts.{j}." if path else f"experts.deepspeed_experts.{j}."
+
+
+def _ep_rank(m: MOELayer) -> int:
+    return m.ep_group.expert.rank if m.ep_group is not None else 0
+
+
+def local_experts(module: torch.nn.Module) -> list[tuple[int, int, str, str, torch.nn.Module]]:
+    """(layer index, global expert, local prefix, global prefix, expert) of this rank."""
+    out = []
+    for li, (path, m) in enumerate(layers(module)):
+        for j, expert in enumerate(m.experts.deepspeed_experts):
+            g = _ep_rank(m) * m.num_local_experts + j
+            out.append((li, g, _expert_prefix(path, j), _expert_prefix(path, g), expert))
+    return out
+
+
+def global_names(module: torch.nn.Module) -> dict[str, str]:
+    """This rank's local expert state names -> their global names."""
+    out = {}
+    for _, _, local, glob, expert in local_experts(module):
+        for k in expert.state_dict(keep_vars=True):
+            out[local + k] = glob + k
+    return out
+
+
+# -- save ---------------------------------------------------------------------------------------
+def model_state_part(engine: Any, state: dict[str, Any]) -> dict[str, Any]:
+    """The model-states file's dict with `moe` recorded and, where experts are spread, their
+    entries (kept in their own files) taken out."""
+    names = global_names(engine.module)
+    info = {
+        "layers": [(p, m.num_experts) for p, m in layers(engine.module)],
+        "param_names": [[names.get(n, n) for n in g] for g in engine.strategy.param_names()],
+        "expert_files": spread(engine),
+    }
+    out = {**state, "moe": info}
+    if info["expert_files"]:
+        out["module"] = {k: v for k, v in state["module"].items() if k not in names}
+        if state.get("master_weights") is not None:
+            masters = state["master_weights"]
+            out["master_weights"] = {k: v for k, v in masters.items() if k not in names}
+    return out
+
+
+def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
+    """Every rank calls it; the first copy of each expert writes its two files."""
+    if not spread(engine):
+        return
+    strategy = engine.strategy
+    optimizer = engine.optimizer
+    options = _options_by_tensor(optimizer)
+    for li, g, _, glob, expert in local_experts(engine.module):
+        m = layers(engine.module)[li][1]
+        if m.ep_group is not None and m.ep_group.expert_data.rank != 0:
+            continue
+        weights = {glob + k: v.detach().clone() for k, v in expert.state_dict().items()}
+        opt_state: dict[str, Any] = {"state": {}, "options": {}, "master_weights": {}}
+        for k, p in expert.named_parameters():
+            master = strategy.masters.master_of.get(id(p))
+            if master is None:  # frozen
+                continue
+            name = glob + k
+            opt_state["master_weights"][name] = master.detach().float().clone()
+            if optimizer is not None:
+                held = optimizer.state.get(master, {})
+                opt_state["state"][name] = {
+                    s: (v.detach().clone() if torch.is_tensor(v) else v) for s, v in held.items()
+                }
+                opt_state["options"][name] = options.get(id(master), {})
+        model_file, optim_file = expert_file_names(li, g, mp_rank)
+        torch.save(weights, tmp / model_file)
+        torch.save(opt_state, tmp / optim_file)
+
+
+def _options_by_tensor(optimizer: Any) -> dict[int, dict[str, Any]]:
+    if optimizer is None:
+        return {}
+    out = {}
+    for group in optimizer.param_groups:
+        opts = {k: v for k, v in group.items() if k != "params"}
+        for t in group["params"]:
+            out[id(t)] = opts
+    return out
+
+
+def whole_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+    """The module's state dict with every expert of every layer, globally named: experts
+    spread over ranks are gathered over their expert-parallel groups (every rank calls it;
+    the answer is whole on each rank of the first data-parallel copy)."""
+    roots = tuple(_expert_prefix(p, 0)[:-2] for p, _ in layers(engine.module))
+    out = {k: v for k, v in engine.module.state_dict().items() if not k.startswith(roots)}
+    for path, m in layers(engine.module):
+        for j, expert in enumerate(m.experts.deepspeed_experts):
+            for k, v in expert.state_dict().items():
+                if m.ep_group is None:
+                    out[_expert_prefix(path, j) + k] = v
+                    continue
+                axis = m.ep_group.expert
+                parts = [torch.empty_like(v) for _ in range(axis.size)]
+                comm.all_gather(parts, v.contiguous(), group=axis)
+                for r, part in enumerate(parts):
+                    out[_expert_prefix(path, r * m.num_local_experts + j) + k] = part
+    return out
+
+
+# -- load ---------------------------------------------------------------------------------------
+def localize_module(engine: Any, ckpt_dir: Path, state: dict[str, Any]) -> dict[str, Any]:
+    """The model-states dict with this rank's experts under their local names (and no
+    other expert)."""
+    info = _check(engine, ckpt_dir, state)
+    if info is None:
+        return state
+    roots = tuple(_expert_prefix(p, 0)[:-2] for p, _ in layers(engine.module))
+
+    def dense(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in d.items() if not k.startswith(roots)}
+
+    saved_masters = state.get("master_weights")
+    module = dense(state["module"])
+    masters = dense(saved_masters) if saved_masters else None
+    mp_rank = engine.layout.model.rank
+    for li, g, local, glob, expert in local_experts(engine.module):
+        if info["expert_files"]:
+            model_file, optim_file = expert_file_names(li, g, mp_rank)
+            weights = _read(ckpt_dir / model_file)
+            held = _read(ckpt_dir / optim_file)["master_weights"] if masters is not None else {}
+        else:  # every expert was local when saved: global names in the module state
+            weights, held = state["module"], saved_masters or {}
+        for k in expert.state_dict(keep_vars=True):
+            if glob + k in weights:
+                module[local + k] = weights[glob + k]
+            if masters is not None and glob + k in held:
+                masters[local + k] = held[glob + k]
+    return {**state, "module": module, "master_weights": masters}
+
+
+def load_optimizer(engine: Any, files: Any, state: dict[str, Any]) -> None:
+    """This rank's optimizer state by name ([Note: named optimizer state]): the dense params'
+    from the model-states file, the experts' from their files; then what each rank keeps of
+    its own (1-bit Adam's error buffers)."""
+    ckpt_dir = files.where
+    info = state["moe"]
+    if state.get("optimizer") is None:
+        raise CheckpointError(
+            f"{ckpt_dir} holds no optimizer state (saved without one): load it with "
+            "load_optimizer_states=False"
+        )
+    names = global_names(engine.module)
+    # `state` holds this rank's experts under local names (localize_module): named globally
+    # they are what the saved param names ask for (an fp32 model's masters are its weights)
+    weights = {names.get(k, k): v for k, v in state["module"].items()}
+    saved = {**state, "master_weights": _globalised(state.get("master_weights"), names)}
+    named = from_stage0(saved, info["param_names"], weights, skip_missing=True)
+    if info["expert_files"]:
+        mp_rank = engine.layout.model.rank
+        for li, g, _, _, _ in local_experts(engine.module):
+            held = _read(ckpt_dir / expert_file_names(li, g, mp_rank)[1])
+            for name, master in held["master_weights"].items():
+                named.masters[name] = master.float().reshape(-1)
+                named.options[name] = held["options"].get(name, {})
+                named.state[name] = {
+                    k: (v.reshape(-1) if is_per_element(k, v, master.numel()) else v)
+                    for k, v in held["state"].get(name, {}).items()
+                }
+    local = NamedState()
+    for n, _ in engine.module.named_parameters():
+        g = names.get(n, n)
+        if g in named.masters:
+            local.masters[n] = named.masters[g]
+            local.state[n] = named.state[g]
+            local.options[n] = named.options[g]
+    strategy = engine.strategy
+    strategy.load_named_state(engine.optimizer, local, ckpt_dir)
+    if hasattr(engine.optimizer, "load_per_rank_state_dict") or strategy.grads.exchange:
+        strategy.load_per_rank(engine.optimizer, files)
+        strategy.masters.copy_to_model()
+
+
+def _globalised(masters: dict[str, Any] | None, names: dict[str, str]) -> dict[str, Any] | None:
+    if not masters:
+        return masters
+    return {names.get(k, k): v for k, v in masters.items()}
+
+
+def _check(engine: Any, ckpt_dir: Path, state: dict[str, Any]) -> dict[str, Any] | None:
+    info = state.get("moe")
+    if not applies(engine):
+        if info is not None and info["expert_files"]:
+            raise CheckpointError(
+                f"{ckpt_dir} keeps its MoE experts in expert files (saved with experts spread "
+                "over ranks, ZeRO stage 0): load it at zero_optimization.stage 0 without "
+                "pipeline parallelism"
+            )
+        return None
+    if info is None:
+        if spread(engine):
+            raise CheckpointError(
+                f"{ckpt_dir} was saved without the expert layout (ZeRO stage "
+                f"{state.get('zero_stage')} or no MoE layer): load it into a model whose MoE "
+                "layers have ep_size 1 at the stage it was saved with"
+            )
+        return None
+    mine = [(p, m.num_experts) for p, m in layers(engine.module)]
+    theirs = [tuple(x) for x in info["layers"]]
+    if mine != theirs:
+        raise CheckpointError(
+            f"{ckpt_dir} holds MoE layers {theirs} (path, num_experts) but the model has "
+            f"{mine}: build the model as it was saved (ep_size may differ)"
+        )
+    return info
+
+
+def _read(path: Path) -> Any:
+    if not path.exists():
+        raise CheckpointError(
+            f"{path} is missing: the checkpoint's expert files are incomplete (copy the whole "
+            "tag directory)"
+        )
+    return safe_load.load(path)

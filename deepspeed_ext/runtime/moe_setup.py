@@ -1,0 +1,66 @@
+"""MoE layers in the engine ([Note: expert groups]): each layer whose experts are spread over
+ranks (ep_size > 1) gets its groups at initialize, and the parts of the engine that do not yet
+run with such layers are refused by name before any training. Layers with ep_size 1 hold
+every expert on every rank: plain replicated parameters, which everything runs with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from deepspeed_ext.comm.expert_groups import ensure_expert_groups
+from deepspeed_ext.moe.layer import MOELayer
+from deepspeed_ext.utils.logging import logger
+
+_ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
+
+
+def spread_layers(module: torch.nn.Module) -> list[MOELayer]:
+    """The model's MoE layers with experts on several ranks."""
+    return [m for m in module.modules() if isinstance(m, MOELayer) and m.ep_size > 1]
+
+
+def configure(
+    module: torch.nn.Module, config: Any, stage: int, pipeline: bool, tensor_size: int
+) -> list[MOELayer]:
+    """Make the expert groups of every spread layer (collective: every rank calls it)."""
+    layers = spread_layers(module)
+    before = bool(config.use_data_before_expert_parallelism)
+    if not layers:
+        if before:
+            logger.warning(
+                "use_data_before_expert_parallelism has no effect: the model has no MoE layer "
+                "with ep_size > 1 (it orders the expert groups of such layers)"
+            )
+        return layers
+    sizes = sorted({m.ep_size for m in layers})
+    what = f"MoE layers with ep_size {', '.join(map(str, sizes))} (experts spread over ranks)"
+    _refuse_unbuilt(config, stage, pipeline, tensor_size, what)
+    for m in layers:
+        m._set_ep_group(ensure_expert_groups(m.ep_size, before))
+    return layers
+
+
+def _refuse_unbuilt(config: Any, stage: int, pipeline: bool, tensor_size: int, what: str) -> None:
+    def refuse(part: str, fix: str) -> ValueError:
+        return ValueError(f"{what} with {part}: not built yet; {fix}")
+
+    keep = "or build the layers with ep_size=1 (every expert on every rank)"
+    if stage:
+        raise refuse(
+            f"zero_optimization.stage {stage}", f"set zero_optimization.stage to 0, {keep}"
+        )
+    if pipeline:
+        raise refuse("pipeline parallelism", f"train without a PipelineModule, {keep}")
+    if tensor_size > 1:
+        raise refuse(f"tensor parallelism (size {tensor_size})", f"use tensor size 1, {keep}")
+    if config.gradient_compression is not None:
+        raise refuse("gradient_compression", f"remove the gradient_compression section, {keep}")
+    opt = config.optimizer
+    if opt is not None and str(opt.type or "").lower() in _ONEBIT:
+        raise refuse(
+            f'the 1-bit optimizer "{opt.type}" (its momentum exchange covers every parameter '
+            "over the data-parallel group)",
+            f"use Adam, {keep}",
+        )

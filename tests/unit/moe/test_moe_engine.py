@@ -1,0 +1,85 @@
+"""MoE layers with experts spread over ranks, trained by the engine (real gloo ranks), equal
+a single-process run of the same model with every expert local: the all-to-all both ways,
+the expert gradients summed over their copies and scaled by the data-parallel size, the
+norm for clipping over every expert once, and the copies started alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers.distributed import run_ranks
+
+from . import moe_runs
+
+
+def _check(outs: list[dict[str, Any]], ref: dict[str, Any]) -> None:
+    for out in outs:
+        want = moe_runs.local_experts(ref["state"], out["ep_rank"], out["local"])
+        assert out["state"].keys() == want.keys()
+        for n, t in want.items():
+            torch.testing.assert_close(out["state"][n], t, rtol=1e-4, atol=1e-5, msg=n)
+        assert out["losses"] == pytest.approx(ref["losses"], rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_two_ranks_each_holding_half_the_experts_match_one_process(k: int) -> None:
+    outs = run_ranks(moe_runs.train, 2, 2, k, False, timeout=180)
+    _check(outs, moe_runs.reference(2, k))
+
+
+def test_four_ranks_two_copies_of_each_expert_match_one_process() -> None:
+    """ep_size 2 on 4 ranks: each expert on 2 ranks (its expert-data group); the second
+    copies start spoiled, so the engine must start them from the first."""
+    outs = run_ranks(moe_runs.train, 4, 2, 2, True, timeout=240)
+    _check(outs, moe_runs.reference(4, 2))
+
+
+def test_what_spread_experts_do_not_run_with_yet_is_refused_by_name() -> None:
+    outs = run_ranks(moe_runs.refused, 2, 1, timeout=120)
+    assert all("zero_optimization.stage 1" in o and "ep_size=1" in o for o in outs), outs
+
+
+def _whole(outs: list[dict[str, Any]], key: str) -> dict[str, torch.Tensor]:
+    """Every rank's globally named tensors in one dict (copies agree: checked)."""
+    whole: dict[str, torch.Tensor] = {}
+    for out in outs:
+        for n, t in out[key].items():
+            if n in whole:
+                torch.testing.assert_close(t, whole[n], msg=f"{key}: copies of {n} differ")
+            whole[n] = t
+    return whole
+
+
+@pytest.mark.parametrize(
+    ("ep_save", "ep_load", "precision"),
+    [(2, 1, "fp32"), (1, 2, "fp32"), (2, 2, "bf16"), (2, 2, "fp16")],
+)
+def test_checkpoints_resume_at_another_ep_size_and_consolidate(
+    tmp_path, ep_save: int, ep_load: int, precision: str
+) -> None:
+    """fp16 with a small initial loss scale: the scaler's state resumes too."""
+    outs = run_ranks(moe_runs.resume, 2, ep_save, ep_load, 2, precision, str(tmp_path), timeout=240)
+    at_save = _whole(outs, "at_save")
+    assert len(at_save) == len(moe_runs.whole(2).state_dict())  # every expert, once
+    loaded = _whole(outs, "loaded")
+    for n, t in at_save.items():
+        torch.testing.assert_close(loaded[n], t, rtol=0, atol=0, msg=n)
+    uninterrupted, resumed = _whole(outs, "uninterrupted"), _whole(outs, "resumed")
+    for n, t in uninterrupted.items():  # the optimizer state came back too
+        torch.testing.assert_close(resumed[n], t, rtol=1e-5, atol=1e-6, msg=n)
+    if precision == "fp32":  # and both are the one-process run's
+        ref = moe_runs.reference(2, 2)["state"]
+        for n, t in ref.items():
+            torch.testing.assert_close(resumed[n], t, rtol=1e-4, atol=1e-5, msg=n)
+    masters = _whole(outs, "masters")  # zero_to_fp32 gives the fp32 masters, 16-bit the weights
+    fp32, w16 = outs[0]["fp32"], outs[0]["16bit"]
+    assert fp32.keys() == w16.keys() == at_save.keys() == masters.keys()
+    for n, t in masters.items():
+        torch.testing.assert_close(fp32[n], t, rtol=0, atol=0, msg=n)
+        torch.testing.assert_close(w16[n], at_save[n], rtol=0, atol=0, msg=n)
+    if precision == "fp32":
+        for n, t in moe_runs.reference(2, 2, steps=2)["state"].items():
+            torch.testing.assert_close(fp32[n], t, rtol=1e-4, atol=1e-5, msg=n)
