@@ -141,6 +141,7 @@ def _apply(rule: Rename, out: Rewrite) -> None:
         return
     if last in target:
         out.errors.append(f'"{old_path}" and "{new_path}" are both given; keep only "{new_path}"')
+        holder.pop(rule.old)  # said once: not also an unknown key
         return
     value = holder.pop(rule.old)
     if rule.convert is not None:

@@ -232,6 +232,12 @@ def _optimizer(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     betas = opt.params.get("betas")
     if isinstance(betas, (list, tuple)) and any(isinstance(b, str) for b in betas):
         out.append(f"optimizer.params.betas is {betas!r}: give two numbers, without quotes")
+    if str(opt.type).lower() == "adamw" and opt.params.get("adam_w_mode") is False:
+        out.append(
+            'optimizer.params.adam_w_mode is false but optimizer.type "AdamW" decouples weight '
+            'decay whatever it says: for L2-style decay use "type": "Adam" with adam_w_mode '
+            "false, or remove adam_w_mode"
+        )
     if out:
         return out
     why = _WHOLE_TENSOR.get(str(opt.type).lower())

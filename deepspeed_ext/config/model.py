@@ -99,7 +99,7 @@ class DeepSpeedConfig(BaseModel):
 
     # -- gradient communication ------------------------------------------------------------------
     prescale_gradients: Bool = False
-    gradient_predivide_factor: Float = 1.0
+    gradient_predivide_factor: Float = Field(default=1.0, gt=0)
     gradient_allreduce_op: Annotated[Literal["mean", "sum"], ToLower] = "mean"
     # None: the training precision's dtype.
     communication_data_type: CommDtype | None = None

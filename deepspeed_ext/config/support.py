@@ -17,6 +17,7 @@ A section path covers every key inside it. A section is "set" when it is turned 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,7 +85,9 @@ REFUSED: dict[str, Rule] = {
     "torch_autocast": Rule(f"torch.autocast mixed precision {_UNBUILT}; use fp16 or bf16"),
     "weight_quantization": Rule(f"weight quantization {_UNBUILT}"),
     "zero_optimization.zenflow": Rule(f"ZenFlow {_UNBUILT}"),
-    "datastates_ckpt": Rule(f"DataStates checkpointing {_UNBUILT}", allowed=(False,)),
+    "datastates_ckpt": Rule(
+        f"DataStates checkpointing {_UNBUILT}", allowed=(False, {}, {"enabled": False})
+    ),
     # single keys
     "sparse_gradients": Rule(f"sparse embedding gradients {_UNBUILT}"),
     "graph_harvesting": Rule(f"CUDA-graph harvesting {_UNBUILT}"),
@@ -245,7 +248,9 @@ def refused(cfg: DeepSpeedConfig) -> list[str]:
         if _is_set(cfg, path, rule.allowed) and (rule.when is None or rule.when(cfg)):
             section = isinstance(_lookup(cfg, path)[1], Section)
             fix = "remove the section or turn it off" if section else "remove it"
-            out.append(f"{path}: {rule.why}; {fix} (or set it to its default)")
+            says_fix = re.search(r"\bremove (it|the)\b", rule.why)  # a fix of its own
+            tail = "" if says_fix else f"; {fix} (or set it to its default)"
+            out.append(f"{path}: {rule.why}{tail}")
     return out
 
 
@@ -294,14 +299,82 @@ def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
         )
     if off is not None and off.device == "cpu":
         keys = [
-            f"zero_optimization.offload_optimizer.{k}" for k in ("pipeline_read", "pipeline_write")
+            f"zero_optimization.offload_optimizer.{k}"
+            for k in ("pipeline_read", "pipeline_write", "nvme_path")
         ]
         keys = [k for k in keys if _is_set(cfg, k)]
         if keys:
             out.append(
                 f"{keys_have(keys)} no effect with "
-                'offload_optimizer.device "cpu": they overlap NVMe reads and writes'
+                'offload_optimizer.device "cpu": they place and overlap NVMe reads and writes'
             )
+    par = z.offload_param
+    if stage == 3 and par is not None and par.device == "cpu":
+        keys = [
+            f"zero_optimization.offload_param.{k}"
+            for k in ("max_in_cpu", "buffer_size", "buffer_count", "nvme_path")
+        ]
+        keys = [k for k in keys if _is_set(cfg, k)]
+        if keys:
+            out.append(
+                f'{keys_have(keys)} no effect with offload_param.device "cpu": they size '
+                "and place the NVMe swap"
+            )
+    nvme_opt = off is not None and off.device == "nvme"
+    if stage == 3 and not nvme_opt and _is_set(cfg, "zero_optimization.sub_group_size"):
+        out.append(
+            "zero_optimization.sub_group_size has no effect without offload_optimizer.device "
+            '"nvme": it is the number of elements swapped in per optimizer sub-step'
+        )
+    if stage == 0:
+        keys = [
+            f"zero_optimization.{k}"
+            for k in ("overlap_comm", "reduce_scatter", "allgather_bucket_size")
+        ]
+        keys = [k for k in keys if _is_set(cfg, k)]
+        if keys:
+            out.append(
+                f"{keys_have(keys)} no effect at zero_optimization.stage 0: they tune ZeRO's "
+                "reduce-scatter and all-gather (stage 0 all-reduces gradient buckets while "
+                "backward runs)"
+            )
+    return out + _unread_elsewhere(cfg)
+
+
+def _unread_elsewhere(cfg: DeepSpeedConfig) -> list[str]:
+    """Keys outside zero_optimization that another setting makes unread."""
+    out = []
+    z = cfg.zero_optimization
+    uses_nvme = any(
+        s is not None and s.device == "nvme" for s in (z.offload_param, z.offload_optimizer)
+    )
+    keys = [f"aio.{k}" for k in type(cfg.aio).model_fields if _is_set(cfg, f"aio.{k}")]
+    if keys and not uses_nvme:
+        out.append(f"{keys_have(keys)} no effect without an NVMe offload: aio drives NVMe I/O")
+    fp16 = cfg.fp16
+    if fp16.enabled and not fp16.dynamic_loss_scale:
+        names = (
+            "initial_scale_power",
+            "loss_scale_window",
+            "hysteresis",
+            "consecutive_hysteresis",
+            "min_loss_scale",
+        )
+        keys = [f"fp16.{k}" for k in names if _is_set(cfg, f"fp16.{k}")]
+        if keys:
+            out.append(
+                f"{keys_have(keys)} no effect with a static fp16.loss_scale "
+                f"({fp16.loss_scale:g}): they drive dynamic loss scaling (loss_scale 0)"
+            )
+    if _is_set(cfg, "gradient_predivide_factor") and (
+        cfg.prescale_gradients or cfg.gradient_allreduce_op != "mean"
+    ):
+        why = (
+            "prescale_gradients divides by the world size before the sum"
+            if cfg.prescale_gradients
+            else 'gradient_allreduce_op "sum" does not average'
+        )
+        out.append(f"gradient_predivide_factor has no effect: {why}")
     return out
 
 

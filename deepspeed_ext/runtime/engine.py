@@ -279,6 +279,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     def _make_optimizer(self, client: Any) -> Any:
         """A client optimizer object (re-pointed at the fp32 masters or partitions), a callable
         taking the param groups, or the config's optimizer section."""
+        if client is not None:
+            _client_overrides("optimizer", "optimizer", self.config.optimizer)
         if isinstance(client, torch.optim.Optimizer):
             self.strategy.repoint(client)
             if hasattr(client, "attach_engine") and getattr(client, "deepspeed", None) is None:
@@ -317,6 +319,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     def _make_scheduler(self, client: Any) -> Any:
         """A client scheduler object, a callable taking the optimizer, or the config's."""
         if client is not None:
+            _client_overrides("lr_scheduler", "scheduler", self.config.scheduler)
             # upstream's rule: a scheduler object is used as it is; any other callable (a
             # function, a scheduler class) is a factory called with the optimizer
             if isinstance(client, torch.optim.lr_scheduler.LRScheduler) or not callable(client):
@@ -643,3 +646,12 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             if module is not None and hasattr(module, name):
                 return getattr(module, name)
             raise
+
+
+def _client_overrides(argument: str, section: str, value: Any) -> None:
+    """Upstream's documented rule, said: initialize's argument replaces the config's section."""
+    if value is not None and value.type and comm.get_rank() == 0:
+        logger.warning(
+            f'the config\'s {section} section (type "{value.type}") is not used: the {argument} '
+            f"passed to deepspeed.initialize replaces it (remove one of the two)"
+        )

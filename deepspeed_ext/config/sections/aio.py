@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from ..types import Bool, Int, Section
 
 
 class AioConfig(Section):
-    block_size: Int = 1_048_576
-    queue_depth: Int = 8
+    block_size: Int = Field(default=1_048_576, ge=1)
+    queue_depth: Int = Field(default=8, ge=1, le=65536)
     # Upstream's old name: thread_count (aliases.py).
-    intra_op_parallelism: Int = 1
+    intra_op_parallelism: Int = Field(default=1, ge=1)
     single_submit: Bool = False
     overlap_events: Bool = True
     # NVIDIA GPUDirect Storage (CUDA only).

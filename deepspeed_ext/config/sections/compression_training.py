@@ -21,7 +21,9 @@ class TechniqueConfig(Section):
     different_groups: dict[str, GroupConfig] = {}
 
     def active(self) -> bool:
-        return bool(self.shared_parameters.get("enabled", False))
+        # a misspelt switch ("enable") meant it on too: this free dict has no key check
+        shared = self.shared_parameters
+        return any(bool(v) for k, v in shared.items() if str(k).lower().startswith("enabl"))
 
 
 class LayerReductionConfig(Section):

@@ -91,3 +91,19 @@ class DataEfficiencyConfig(Section):
     seed: Int = 1234
     data_routing: DataRoutingConfig = DataRoutingConfig()
     data_sampling: DataSamplingConfig = DataSamplingConfig()
+
+    def active(self) -> bool:
+        """Any switch in it: upstream's engine reads the nested ones (random_ltd,
+        curriculum_learning) without the top-level `enabled`."""
+        sampling = self.data_sampling
+        return any(
+            (
+                self.enabled,
+                self.data_routing.enabled,
+                self.data_routing.random_ltd.enabled,
+                self.data_routing.random_ltd.layer_token_lr_schedule.enabled,
+                sampling.enabled,
+                sampling.curriculum_learning.enabled,
+                sampling.dynamic_batching.enabled,
+            )
+        )

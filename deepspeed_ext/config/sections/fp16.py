@@ -13,11 +13,13 @@ class FP16Config(Section):
     auto_cast: Bool = False
     # 0 selects dynamic loss scaling; any positive value is a fixed (static) scale.
     loss_scale: Float = Field(default=0.0, ge=0)
-    # Dynamic scaling starts at 2**initial_scale_power.
-    initial_scale_power: Int = 16
+    # Dynamic scaling starts at 2**initial_scale_power; past 2**127 the scaled loss is inf
+    # in fp32 and every step would be skipped until the scale came down
+    initial_scale_power: Int = Field(default=16, le=127)
     # window and floor must be > 0 when scaling is dynamic (checks.py: unused otherwise).
     loss_scale_window: Int = 1000
-    hysteresis: Int = 2
+    # overflows tolerated before the scale drops: 0 would never drop it
+    hysteresis: Int = Field(default=2, ge=1)
     consecutive_hysteresis: Bool = False
     # A float floor such as 1e-5 is meaningful (upstream's type is int; guides give floats).
     min_loss_scale: Float = 1.0

@@ -228,6 +228,19 @@ def single_rank() -> dict[str, Any]:
     engine.step()
     out["pt_model"] = (type(engine).__name__, engine.global_steps)
     engine.destroy()
+    # a client optimizer and scheduler replace the config's sections, as upstream documents:
+    # said, not silent
+    start = len(cap.lines)
+    engine = _engine(
+        {
+            "optimizer": {"type": "Adam", "params": {"lr": 1.0}},
+            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 2}},
+        },
+        optimizer=_sgd,
+        lr_scheduler=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 1),
+    )
+    out["client overrides"] = (type(engine.optimizer).__name__, cap.lines[start:])
+    engine.destroy()
     out["log"] = cap.lines
     logger.removeHandler(cap)
     return out

@@ -125,3 +125,11 @@ def test_min_loss_scale_may_be_a_float_floor():
 
 def test_pt_model_wrapper_returns_a_training_engine(one_rank: dict[str, Any]):
     assert one_rank["pt_model"] == ("DeepSpeedEngine", 1)
+
+
+def test_client_optimizer_and_scheduler_replacing_the_config_sections_is_said(one_rank):
+    name, lines = one_rank["client overrides"]
+    assert name == "SGD"
+    said = " ".join(lines)
+    assert 'optimizer section (type "Adam") is not used' in said
+    assert 'scheduler section (type "WarmupLR") is not used' in said
