@@ -148,6 +148,16 @@ class _Packet(NamedTuple):
     views: tuple[torch.Tensor, ...]
 
 
+def check_stage_output(tensors: tuple[Any, ...], what: str) -> None:
+    """What one stage hands the next must be tensors (the p2p messages carry only those)."""
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(
+                f"{what}: element {i} is a {type(t).__name__}; a pipeline stage must "
+                "pass tensors (or a tuple of tensors) to the next stage"
+            )
+
+
 class PipeChannel:
     """One direction between this rank and `peer` (a global rank). `what` names the traffic
     in messages ("activations from stage 1"). Packets live on the collective device (NCCL
@@ -191,12 +201,8 @@ class PipeChannel:
 
     # -- sending --
     def send(self, tensors: tuple[torch.Tensor, ...]) -> None:
-        for i, t in enumerate(tensors):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(
-                    f"{self.what}: element {i} is a {type(t).__name__}; a pipeline stage must "
-                    "pass tensors (or a tuple of tensors) to the next stage"
-                )
+        check_stage_output(tensors, self.what)
+        for t in tensors:
             if t.dtype not in _CODE:
                 raise TypeError(f"{self.what}: dtype {t.dtype} cannot be sent between stages")
         meta = meta_of(tensors)

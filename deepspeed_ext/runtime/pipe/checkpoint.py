@@ -134,7 +134,13 @@ def state_for_load(
             f"resume with tensor_parallel.autotp_size {tensor}"
         )
     module = _module(engine)
-    same = stages == (engine.num_stages, module.virtual_stages, module.pipe_layout)
+    # the same cut too: another partition_method at the same stage count puts other layers
+    # on each rank, whose optimizer state must be re-cut by name like a stage-count change
+    saved_parts = first.get("pipeline", {}).get("parts")
+    same_cut = saved_parts is None or [int(x) for x in saved_parts] == [
+        int(x) for x in module.parts
+    ]
+    same = same_cut and stages == (engine.num_stages, module.virtual_stages, module.pipe_layout)
     state = load_state_file(path) if same else dict(first)
     state["module"] = _module_state(engine, ckpt_dir, strict)
     engine._ckpt_same_layout = same

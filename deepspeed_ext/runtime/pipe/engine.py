@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from deepspeed_ext import comm
-from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel
+from deepspeed_ext.comm.p2p import PipeAborted, PipeChannel, check_stage_output
 from deepspeed_ext.monitor.writers import monitors_enabled
 from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.norms import sum_of_squares
@@ -158,6 +158,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         self._feed = BatchFeed(self.stage_id, self.rank, self._needs_data())
         self.chunks = model.virtual_stages
         self.schedule_name = schedule_for(config, model)
+        if self.schedule_name == "interleaved":  # a batch size it cannot run: said now, not
+            self._train_schedule()  # at the first train_batch
         PipelineEngine._engines += 1  # every rank builds its engines in the same order
         self._make_channels(model.dynamic_shape, PipelineEngine._engines * 4096)
         if self.training_dataloader is not None and self._needs_data():
@@ -711,6 +713,7 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         """DualPipeV's turn: chunk c's output is the next chunk's input on this rank, cut
         from c's graph as a received one would be; its gradient comes back in _backward_roots."""
         nxt = self._hand_on[c]
+        check_stage_output(_as_tuple(out), f"output of virtual stage {self._chunk_stage(c)}")
         if not torch.is_grad_enabled():
             self._inputs[(nxt, b)] = out
             del self._outputs[(c, b)]

@@ -106,6 +106,10 @@ class PipelineModule(torch.nn.Module):
                     f"PipelineModule layer {i} is a {type(layer).__name__}: layers are "
                     "LayerSpecs, torch.nn.Modules or callables"
                 )
+        if isinstance(virtual_stages, bool) or not isinstance(virtual_stages, int):
+            raise TypeError(
+                f"virtual_stages={virtual_stages!r}: give an int (1, or 2+ model chunks per rank)"
+            )
         if virtual_stages < 1:
             raise ValueError(f"virtual_stages={virtual_stages}: use 1, or 2+ model chunks per rank")
         if activation_checkpoint_interval < 0:
@@ -139,7 +143,9 @@ class PipelineModule(torch.nn.Module):
         # interleaving (ours): num_stages * virtual_stages parts; this rank holds the parts
         # of virtual stages c * num_stages + stage_id, one model chunk each
         self.virtual_stages = virtual_stages
-        self.parts = partition_layers(layers, self.num_stages * virtual_stages, partition_method)
+        self.parts = partition_layers(
+            layers, self.num_stages * virtual_stages, partition_method, virtual_stages
+        )
         self._grid = PipelineParallelGrid(topology=self._topo)
         self.stage_id = self._grid.get_stage_id()
         self.chunk_ranges = [

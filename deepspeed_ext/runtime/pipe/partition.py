@@ -92,12 +92,27 @@ def layer_weights(layers: Sequence[Any], method: str) -> list[float]:
     )
 
 
-def partition_layers(layers: Sequence[Any], num_stages: int, method: Any) -> list[int]:
+def partition_layers(
+    layers: Sequence[Any], num_stages: int, method: Any, chunks: int = 1
+) -> list[int]:
+    """num_stages parts of the layers; chunks > 1: num_stages counts virtual stages, that
+    many model chunks per rank (interleaving, DualPipeV's V), which messages say."""
     n = len(layers)
+    ranks = num_stages // chunks
+    asked = (
+        f"num_stages={num_stages}"
+        if chunks == 1
+        else f"{ranks} stages x {chunks} model chunks = {num_stages} virtual stages"
+    )
     if num_stages > n:
+        fix = (
+            f"use at most {n} stages"
+            if chunks == 1
+            else f"use at most {n} virtual stages (fewer stages or model chunks)"
+        )
         raise ValueError(
-            f"num_stages={num_stages} is more than the model's {n} layers: every pipeline "
-            f"stage needs at least one layer; use at most {n} stages"
+            f"{asked} is more than the model's {n} layers: every pipeline stage needs at "
+            f"least one layer; {fix}"
         )
     if isinstance(method, (list, tuple)):
         parts = [int(x) for x in method]
@@ -109,8 +124,8 @@ def partition_layers(layers: Sequence[Any], num_stages: int, method: Any) -> lis
         )
         if not ok:
             raise ValueError(
-                f"partition_method={list(method)}: an explicit partition is num_stages + 1 "
-                f"= {num_stages + 1} increasing layer boundaries from 0 to {n}, e.g. "
+                f"partition_method={list(method)}: an explicit partition is one more boundary "
+                f"than parts, {num_stages + 1} for {asked}, increasing from 0 to {n}, e.g. "
                 f"{partition_uniform(n, num_stages)}"
             )
         return parts

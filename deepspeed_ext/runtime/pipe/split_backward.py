@@ -22,8 +22,8 @@ import torch
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 # reentrant checkpointing runs its own backward inside, which cannot be asked for part of
-# the gradients
-_UNSPLITTABLE = ("CheckpointFunctionBackward",)
+# the gradients: torch's, and deepspeed.checkpointing's (pipeline.use_reentrant)
+_UNSPLITTABLE = ("CheckpointFunctionBackward", "_ReentrantBackward")
 
 
 class WeightGradPass:

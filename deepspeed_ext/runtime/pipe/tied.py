@@ -4,9 +4,9 @@
 Layers given as TiedLayerSpecs with one key share their weights (`tied_weight_attr`) on
 whichever stages they land: each such stage holds a copy. For every key held by more than
 one stage there is one tie group per (data, tensor) coordinate: the ranks holding that key
-in one pipeline replica. The copies start equal (a broadcast from the first stage of the
-group), and stay equal because each step sums their gradients over the tie group before the
-optimizer runs (the same update on the same weights). Only the first stage's copy counts in
+in one pipeline replica. The copies start equal (a broadcast from the stage holding the key's
+first layer), and stay equal because each step sums their gradients over the tie group before the
+optimizer runs (the same update on the same weights). Only that stage's copy counts in
 the gradient norm (the others carry `ds_pipe_replicated`, upstream's attribute).
 """
 
@@ -38,7 +38,10 @@ class TiedWeights:
                     owners[layer.key].append(s)
         self._entries: list[tuple[str, list[torch.nn.Parameter], AxisGroup]] = []
         for key in sorted(owners):  # every rank makes the same groups in the same order
-            stages = sorted(owners[key])
+            # the stage of the key's first layer first: its copy is the one a plain model
+            # builds (under seed_layers, with that layer's seed), so the others take its
+            # weights; in a V (DualPipeV) or interleaved layout it need not be the lowest stage
+            stages = owners[key]
             mine: AxisGroup | None = None
             for r in range(topo.world_size()):
                 coord = topo.get_coord(r)

@@ -17,13 +17,25 @@ GAS = 2
 
 
 def _engine(
-    stages: int, zero: int, gas: int, dtype: str, parallel_write: bool = False, v: bool = False
+    stages: int,
+    zero: int,
+    gas: int,
+    dtype: str,
+    parallel_write: bool = False,
+    v: bool = False,
+    partition: str = "parameters",
 ) -> Any:
     from deepspeed_ext.runtime.initialize import initialize
     from deepspeed_ext.runtime.pipe import DualPipeVModule
 
     cls = DualPipeVModule if v else PipelineModule
-    module = cls(pr.specs(), num_stages=stages, loss_fn=pr.lm_loss, seed_layers=True)
+    module = cls(
+        pr.specs(),
+        num_stages=stages,
+        loss_fn=pr.lm_loss,
+        seed_layers=True,
+        partition_method=partition,
+    )
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": pr.MICRO,
         "gradient_accumulation_steps": gas,
@@ -61,6 +73,11 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
     same = _engine(2, zero, GAS, dtype)
     _, client = same.load_checkpoint(where)
     again = [_step(same, s) for s in range(2, 4)]
+    # the same stage count cut elsewhere (layers 0-3 | 4-6, not 0-2 | 3-6): each rank's
+    # optimizer state is re-cut by name, not taken by position
+    recut = _engine(2, zero, GAS, dtype, partition="uniform")
+    recut.load_checkpoint(where)
+    recut_losses = [_step(recut, s) for s in range(2, 4)]
     other = _engine(4, zero, 2 * GAS, dtype)
     other.load_checkpoint(where)
     moved = [_step(other, s) for s in range(2, 4)]
@@ -86,6 +103,7 @@ def resume(root: str, zero: int, dtype: str) -> dict[str, Any]:
         "losses": losses,
         "continued": cont,
         "same_layout": again,
+        "other_cut": recut_losses,
         "four_stages": moved,
         "four_data_ranks": widened,
         "client": client,

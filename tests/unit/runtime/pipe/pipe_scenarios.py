@@ -225,6 +225,12 @@ def _reentrant(function: Any, *args: Any) -> Any:
     return checkpoint(function, *args, use_reentrant=True)
 
 
+def _ours_reentrant(function: Any, *args: Any) -> Any:
+    from deepspeed_ext.runtime.activation_checkpointing import checkpoint
+
+    return checkpoint(function, *args)  # deepspeed.checkpointing's: reentrant
+
+
 def zero_bubble(checkpoint_func: Any = None) -> dict[str, Any]:
     """ZB-H1 with activation checkpointing: non-reentrant splits; reentrant runs whole."""
     kw: dict[str, Any] = {}
@@ -368,6 +374,35 @@ def iterator_lost_later() -> dict[str, Any]:
     it = iter(pr.batches(1, 0, 2)) if engine.is_first_stage() else None
     engine.data_iterator = None if not engine.is_first_stage() else engine.data_iterator
     return _expect_failure(lambda: engine.train_batch(it))
+
+
+class _WithNone(nn.Module):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return x, None
+
+
+class _First(nn.Module):
+    def forward(self, xs: tuple[torch.Tensor, Any]) -> torch.Tensor:
+        return xs[0]
+
+
+def turn_non_tensor() -> dict[str, Any]:
+    """DualPipeV's turn (rank 1: virtual stage 1 hands on to 2 without p2p) checks what a
+    stage passes as a link between ranks does."""
+    from deepspeed_ext.runtime.pipe import DualPipeVModule, LayerSpec
+
+    layers = [
+        LayerSpec(nn.Linear, pr.DIM, pr.DIM),
+        LayerSpec(_WithNone),
+        LayerSpec(_First),
+        LayerSpec(nn.Linear, pr.DIM, pr.DIM),
+    ]
+    module = DualPipeVModule(
+        layers, num_stages=2, loss_fn=nn.functional.mse_loss, partition_method=[0, 1, 2, 3, 4]
+    )
+    engine = _engine(module, gas=4)
+    data = [(torch.randn(pr.MICRO, pr.DIM), torch.randn(pr.MICRO, pr.DIM)) for _ in range(4)]
+    return _expect_failure(lambda: engine.train_batch(iter(data) if engine._needs_data() else None))
 
 
 def missing_loss_fn() -> dict[str, Any]:
@@ -673,6 +708,11 @@ SCENARIOS = {
     "zb_fp16": lambda: fp16(8, pipeline={"schedule": "zb-h1"}),
     "zb_checkpointed": zero_bubble,
     "zb_reentrant": lambda: zero_bubble(_reentrant),
+    "zb_reentrant_ours": lambda: zero_bubble(_ours_reentrant),
+    "turn_non_tensor": turn_non_tensor,
+    "interleaved_odd_gas": lambda: _expect_failure(
+        lambda: _engine(_module(virtual_stages=2), gas=3)
+    ),
     "config_key": config_key,
     "dynamic": dynamic_shapes,
     "reset_shapes": reset_shapes,

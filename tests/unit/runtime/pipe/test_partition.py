@@ -60,10 +60,15 @@ def test_type_regex() -> None:
 def test_explicit_and_bad_partitions() -> None:
     layers = [nn.ReLU()] * 4
     assert partition_layers(layers, 2, [0, 1, 4]) == [0, 1, 4]
-    with pytest.raises(ValueError, match="num_stages \\+ 1"):
+    with pytest.raises(ValueError, match="3 for num_stages=2"):
         partition_layers(layers, 2, [0, 2, 2, 4])
     with pytest.raises(ValueError, match="more than the model's 4 layers"):
         partition_layers(layers, 5, "uniform")
+    # model chunks per rank (interleaving, DualPipeV): the message counts what was asked
+    with pytest.raises(ValueError, match="5 for 2 stages x 2 model chunks = 4 virtual stages"):
+        partition_layers(layers, 4, [0, 1, 2, 4], chunks=2)
+    with pytest.raises(ValueError, match="2 stages x 3 model chunks = 6 virtual stages is more"):
+        partition_layers(layers, 6, "uniform", chunks=3)
     with pytest.raises(ValueError, match="'profile' is not known"):
         partition_layers(layers, 2, "profile")
 

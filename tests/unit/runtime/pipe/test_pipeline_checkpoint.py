@@ -33,7 +33,7 @@ def test_resume(runs: list[list[dict]], case: int) -> None:
         torch.testing.assert_close(got, torch.tensor(ref), rtol=tol, atol=tol)
         # same layout: bit-for-bit the uninterrupted run
         assert r["same_layout"] == r["continued"]
-        for moved in ("four_stages", "four_data_ranks"):
+        for moved in ("four_stages", "four_data_ranks", "other_cut"):
             torch.testing.assert_close(
                 torch.tensor(r[moved]), torch.tensor(ref[2:]), rtol=tol, atol=tol, msg=moved
             )

@@ -185,11 +185,19 @@ def test_zero_bubble_fp16_and_activation_checkpointing(runs: list[dict]) -> None
     for r in runs:
         assert r["zb_fp16"]["skipped"] == 0
         close(r["zb_fp16"]["losses"], ref["losses"], tol=2e-2)
-        for name in ("zb_checkpointed", "zb_reentrant"):
+        for name in ("zb_checkpointed", "zb_reentrant", "zb_reentrant_ours"):
             assert r[name]["schedule"] == "zb-h1"
             close(r[name]["losses"], ref4["losses"])
         assert r["zb_checkpointed"]["unsplit"] == 0  # non-reentrant recompute splits
-        assert r["zb_reentrant"]["unsplit"] == 3 * 4  # reentrant runs whole, still right
+        # reentrant (torch's, and deepspeed.checkpointing's) runs whole, still right
+        assert r["zb_reentrant"]["unsplit"] == r["zb_reentrant_ours"]["unsplit"] == 3 * 4
+
+
+def test_a_non_tensor_at_dualpipevs_turn_is_named(runs: list[dict]) -> None:
+    turn, other = runs[1]["turn_non_tensor"], runs[0]["turn_non_tensor"]
+    assert turn["error"] == "TypeError", turn
+    assert "output of virtual stage 1: element 1 is a NoneType" in turn["message"]
+    assert other["error"] == "PipeAborted"
 
 
 def test_config_key_cuts_a_sequential_passing_int_masks(runs: list[dict]) -> None:
@@ -331,3 +339,10 @@ def test_a_detached_gradient_path_through_a_frozen_stage_says_where(runs: list[d
     assert "stage 1 sends stage 0 an output that needs no gradient" in cut["message"], cut
     assert "its input needs one" in cut["message"], cut
     assert other["error"] == "PipeAborted", other
+
+
+def test_interleaving_a_batch_it_cannot_run_is_refused_at_initialize(runs: list[dict]) -> None:
+    for r in runs:
+        got = r["interleaved_odd_gas"]
+        assert got["error"] == "ValueError", got
+        assert "gradient_accumulation_steps=3 is not a multiple of 2" in got["message"]

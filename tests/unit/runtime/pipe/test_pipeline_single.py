@@ -198,6 +198,8 @@ def checks(root: str) -> dict[str, Any]:
     out["v_one_stage"] = error_text(lambda: _module(DualPipeVModule))
     out["v_chunks"] = error_text(lambda: _module(DualPipeVModule, num_stages=2, virtual_stages=3))
     out["v_few_layers"] = error_text(lambda: DualPipeVModule(pr.specs()[:3], 2))
+    out["v_float"] = error_text(lambda: _module(num_stages=2, virtual_stages=2.0))
+    out["v_bool"] = error_text(lambda: _module(num_stages=2, virtual_stages=True))
     out["seeded"] = _seeded_dropout()
     out["own_files"] = _own_layer_files(root)
     for name, returned in (("extra_list", [1.0]), ("extra_reserved", {"lr": 1.0})):
@@ -421,6 +423,8 @@ def test_dualpipev_module_refuses_one_stage_and_other_chunk_counts(res: dict[str
     assert "num_stages >= 2" in res["v_one_stage"]
     assert "virtual_stages=3" in res["v_chunks"] and "exactly two" in res["v_chunks"]
     assert "has 3 layers: use at most 1 stages" in res["v_few_layers"], res["v_few_layers"]
+    for kind in ("v_float", "v_bool"):  # not taken as a number of chunks
+        assert "virtual_stages=" in res[kind] and "give an int" in res[kind], res[kind]
 
 
 def test_config_agreeing_with_the_module_is_fine(res: dict[str, Any]) -> None:
