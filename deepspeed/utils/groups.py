@@ -2,18 +2,24 @@
 
 from deepspeed_ext.comm.groups import (
     _create_expert_and_data_parallel,
+    _create_expert_data_and_model_parallel,
     _get_broadcast_src_rank,
     _get_data_parallel_group,
     _get_data_parallel_group_ranks,
     _get_data_parallel_rank,
     _get_data_parallel_world_size,
+    _get_expert_broadcast_src_rank,
     _get_expert_data_parallel_group,
     _get_expert_data_parallel_group_dict,
+    _get_expert_data_parallel_group_ranks,
     _get_expert_data_parallel_rank,
     _get_expert_data_parallel_world_size,
+    _get_expert_model_parallel_world_size,
     _get_expert_parallel_group,
     _get_expert_parallel_group_dict,
+    _get_expert_parallel_group_ranks,
     _get_expert_parallel_rank,
+    _get_expert_parallel_ranks,
     _get_expert_parallel_src_rank,
     _get_expert_parallel_world_size,
     _get_max_expert_parallel_group,
@@ -41,6 +47,12 @@ from deepspeed_ext.comm.groups import (
 )
 
 __all__ = [
+    "_create_expert_data_and_model_parallel",
+    "_get_expert_broadcast_src_rank",
+    "_get_expert_data_parallel_group_ranks",
+    "_get_expert_model_parallel_world_size",
+    "_get_expert_parallel_group_ranks",
+    "_get_expert_parallel_ranks",
     "_create_expert_and_data_parallel",
     "_get_expert_data_parallel_group",
     "_get_expert_data_parallel_group_dict",

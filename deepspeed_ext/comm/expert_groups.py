@@ -6,7 +6,9 @@ expert-parallel group, which exchanges tokens by all-to-all. The ranks that hold
 experts form the expert-data-parallel group, over which those experts' gradients are summed.
 Each data-parallel group of the layout is cut alike. By default (upstream's E + D order) the
 expert-parallel groups are consecutive runs of E data ranks and the expert-data-parallel
-groups take one rank from each run; use_data_before_expert_parallelism swaps the roles.
+groups take one rank from each run; with use_data_before_expert_parallelism (D + E) the
+expert-data-parallel groups are consecutive runs of (data size / E) ranks and the
+expert-parallel groups take one rank from each.
 Groups are made once per E and named "ep_size_E", as upstream names them; every rank makes
 every group, in one order. An expert parameter carries `allreduce = False` and its layer's
 `group_name` (upstream's marks), which is how the gradient buckets find its groups.
@@ -56,12 +58,14 @@ def expert_rank_lists(
                 f"{len(ranks)}: pick an ep_size that divides it (and num_experts), or launch "
                 "a multiple of it"
             )
-        runs = [ranks[i : i + ep_size] for i in range(0, len(ranks), ep_size)]
-        strided = [list(col) for col in zip(*runs)]
-        if data_before_expert:
-            runs, strided = strided, runs
-        expert += runs
-        expert_data += strided
+        # E + D: runs of ep_size ranks hold all the experts; their i-th ranks hold copies.
+        # D + E: runs of copies (data size / ep_size ranks) hold the same experts, and the
+        # i-th ranks of the runs together hold all of them
+        width = len(ranks) // ep_size if data_before_expert else ep_size
+        runs = [list(ranks[i : i + width]) for i in range(0, len(ranks), width)]
+        across = [list(col) for col in zip(*runs)]
+        expert += across if data_before_expert else runs
+        expert_data += runs if data_before_expert else across
     return expert, expert_data
 
 

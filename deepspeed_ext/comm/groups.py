@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .expert_groups import ensure_expert_groups, expert_groups_made
+from .expert_groups import ensure_expert_groups, expert_groups_made, expert_rank_lists
 from .layout import current
 
 
@@ -176,3 +176,52 @@ def _get_max_expert_size_name() -> str:
 
 def _get_max_expert_parallel_group() -> Any:
     return _get_expert_parallel_group(_get_max_expert_size_name())
+
+
+def _get_expert_parallel_group_ranks(group_name: str) -> list[int]:
+    return list(_expert(group_name).expert.ranks)
+
+
+def _get_expert_data_parallel_group_ranks(group_name: str) -> list[int]:
+    return list(_expert(group_name).expert_data.ranks)
+
+
+def _get_expert_broadcast_src_rank(group_name: str) -> int:
+    """The global rank whose copy of these experts the others start from."""
+    return _expert(group_name).expert_data.global_rank(0)
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    """Experts are not sliced over the tensor-parallel group here (one rank along it)."""
+    return 1
+
+
+def _create_expert_data_and_model_parallel(
+    expert_parallel_size_: int, mpu: Any = None, use_data_before_expert_parallel_: bool = False
+) -> None:
+    """The groups cut out of the layout's data-parallel groups (which an mpu given to
+    deepspeed.initialize made); experts stay whole on each tensor-parallel rank."""
+    ensure_expert_groups(expert_parallel_size_, use_data_before_expert_parallel_)
+
+
+def _get_expert_parallel_ranks(
+    world_size: int,
+    tensor_parallel_size_: int,
+    expert_parallel_size_: int,
+    pipeline_parallel_size_: int = 1,
+    use_data_before_expert_parallel_: bool = False,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """(expert-parallel rank lists, expert-data-parallel rank lists) for a layout of
+    pipeline-major, tensor-minor ranks, as upstream lays them out (no process group)."""
+    tp, pp = tensor_parallel_size_, pipeline_parallel_size_
+    if world_size % (tp * pp):
+        raise ValueError(
+            f"world_size {world_size} is not a multiple of tensor x pipeline size {tp * pp}"
+        )
+    per_stage = world_size // pp
+    data = [
+        list(range(start + i, start + per_stage, tp))
+        for start in range(0, world_size, per_stage)
+        for i in range(tp)
+    ]
+    return expert_rank_lists(data, expert_parallel_size_, use_data_before_expert_parallel_)

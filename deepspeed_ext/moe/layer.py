@@ -7,13 +7,17 @@ the parallel layout exist ([Note: expert groups]). Routing: [Note: MoE routes].
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm.expert_groups import (
     ExpertGroups,
     all_to_all,
@@ -49,6 +53,8 @@ class TopKGate(nn.Module):
         drop_policy: str = "probs",
     ) -> None:
         super().__init__()
+        if isinstance(min_capacity, float) and min_capacity.is_integer():
+            min_capacity = int(min_capacity)  # 4.0, as configs written for upstream give it
         _check_gate(
             num_experts,
             k,
@@ -69,6 +75,9 @@ class TopKGate(nn.Module):
         self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
         self.drop_policy = drop_policy
         self.ep_group: ExpertGroups | None = ep_group  # set with the layer's groups
+        # upstream's timing attributes (ms), measured with the engine's wall_clock_breakdown
+        self.wall_clock_breakdown = False
+        self.gate_time = 0.0
 
     def _set_ep_group(self, ep_group: ExpertGroups) -> None:
         self.ep_group = ep_group
@@ -118,12 +127,34 @@ class TopKGate(nn.Module):
         )
 
     def forward(
-        self, input: torch.Tensor, used_token: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Upstream's return: (l_aux, combine_weights, dispatch_mask, exp_counts)."""
+        self,
+        input: torch.Tensor,
+        used_token: torch.Tensor | None = None,
+        sparse_routes: bool = False,
+        use_tutel: bool = False,
+    ) -> tuple[Any, ...]:
+        """Upstream's returns: (l_aux, combine_weights, dispatch_mask, exp_counts), or with
+        sparse_routes (l_aux, capacity, num_experts, experts [k, s] int32 (-1: dropped),
+        slots [k, s] int32, weights [k, s], exp_counts). use_tutel changes nothing: routes
+        are always dispatched by index ([Note: MoE routes])."""
+        start = time.perf_counter()
         r = self.routes(input, used_token)
-        combine_weights, dispatch_mask = gating.dense_weights(r)
-        return r.l_aux, combine_weights, dispatch_mask, r.exp_counts
+        if sparse_routes:
+            out: tuple[Any, ...] = (
+                r.l_aux,
+                r.capacity,
+                r.num_experts,
+                r.experts.to(torch.int32),
+                r.slots.to(torch.int32),
+                r.weights,
+                r.exp_counts,
+            )
+        else:
+            combine_weights, dispatch_mask = gating.dense_weights(r)
+            out = (r.l_aux, combine_weights, dispatch_mask, r.exp_counts)
+        if self.wall_clock_breakdown:
+            self.gate_time = (time.perf_counter() - start) * 1000.0
+        return out
 
 
 class Experts(nn.Module):
@@ -172,6 +203,9 @@ class MOELayer(nn.Module):
         self.ep_group_name = ep_group_name
         self.num_local_experts = num_local_experts
         self.num_experts = ep_size * num_local_experts
+        # upstream's timing attributes (ms), measured with the engine's wall_clock_breakdown
+        self.wall_clock_breakdown = False
+        self.time_moe = self.time_falltoall = self.time_salltoall = 0.0
         self.l_aux: torch.Tensor | None = None
         self.exp_counts: torch.Tensor | None = None
         # Tutel's gain (dispatch by index, not by one-hot einsum) is how this layer always
@@ -192,18 +226,26 @@ class MOELayer(nn.Module):
                 "model to deepspeed.initialize first (or call set_deepspeed_parallelism() on "
                 "the MoE layer once torch.distributed is initialized)"
             )
+        clock = _Clock(self.wall_clock_breakdown)
         m = x.shape[-1]
         tokens = x.reshape(-1, m)
         routes = self.gate.routes(tokens, used_token)
         self.l_aux, self.exp_counts = routes.l_aux, routes.exp_counts
         buf = gating.dispatch(tokens, routes)  # [e, c, m], e in global expert order
         if groups is not None:
-            buf = all_to_all(buf, groups.expert)  # now [sender ranks x local experts, c, m]
+            with clock.lap() as first:
+                buf = all_to_all(buf, groups.expert)  # now [sender ranks x local experts, c, m]
         out = self.experts(buf.reshape(self.ep_size, self.num_local_experts, -1, m))
         out = out.reshape(self.ep_size * self.num_local_experts, -1, m)
         if groups is not None:
-            out = all_to_all(out, groups.expert)  # back home: [global experts, c, m]
-        return gating.combine(out, routes).reshape(x.shape)
+            with clock.lap() as second:
+                out = all_to_all(out, groups.expert)  # back home: [global experts, c, m]
+        result = gating.combine(out, routes).reshape(x.shape)
+        if clock.on:
+            self.time_moe = clock.total()
+            if groups is not None:
+                self.time_falltoall, self.time_salltoall = first.ms, second.ms
+        return result
 
 
 class MoE(nn.Module):
@@ -292,6 +334,35 @@ class MoE(nn.Module):
         return output, moe.l_aux, moe.exp_counts
 
 
+class _Lap:
+    ms = 0.0
+
+
+class _Clock:
+    """Wall-clock laps in ms when on (upstream's MoE timing attributes), the device
+    synchronized at each mark so queued kernels count; free when off."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self.start = self._now() if on else 0.0
+
+    @staticmethod
+    def _now() -> float:
+        get_accelerator().synchronize()
+        return time.perf_counter()
+
+    @contextlib.contextmanager
+    def lap(self) -> Iterator[_Lap]:
+        lap = _Lap()
+        t = self._now() if self.on else 0.0
+        yield lap
+        if self.on:
+            lap.ms = (self._now() - t) * 1000.0
+
+    def total(self) -> float:
+        return (self._now() - self.start) * 1000.0
+
+
 def _check_gate(
     num_experts: int,
     k: int,
@@ -312,9 +383,10 @@ def _check_gate(
         ("capacity_factor", capacity_factor),
         ("eval_capacity_factor", eval_capacity_factor),
     ):
-        if not isinstance(v, (int, float)) or not v > 0:
-            raise bad(name, v, "give a positive factor (1.0: an even share of the tokens)")
-    if not isinstance(min_capacity, int) or min_capacity < 0:
+        # 0 is upstream's way to a fixed capacity of min_capacity
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise bad(name, v, "give a factor >= 0 (1.0: an even share of the tokens)")
+    if isinstance(min_capacity, bool) or not isinstance(min_capacity, int) or min_capacity < 0:
         raise bad("min_capacity", min_capacity, "give a count >= 0")
     if noisy_gate_policy not in NOISY_GATE_POLICIES:
         raise bad("noisy_gate_policy", noisy_gate_policy, "use None, 'Jitter' or 'RSample'")

@@ -107,6 +107,8 @@ def configure_moe_param_groups(model_parameters: list[Any]) -> list[dict[str, An
             raise TypeError(
                 f"model_parameters must hold tensors or param-group dicts, not {type(p).__name__}"
             )
+    if any(isinstance(g, dict) and is_moe_param_group(g) for g in model_parameters):
+        return model_parameters  # already split (upstream's rule: nothing to do)
     if isinstance(model_parameters[0], torch.Tensor):
         return split_params_into_different_moe_groups_for_optimizer(
             {"params": model_parameters, "name": "dense-params"}

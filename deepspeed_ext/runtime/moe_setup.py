@@ -25,6 +25,10 @@ def configure(
     module: torch.nn.Module, config: Any, stage: int, pipeline: bool, tensor_size: int
 ) -> list[MOELayer]:
     """Make the expert groups of every spread layer (collective: every rank calls it)."""
+    timed = bool(config.wall_clock_breakdown)  # upstream's MoE timing attributes
+    for m in module.modules():
+        if isinstance(m, MOELayer):
+            m.wall_clock_breakdown = m.gate.wall_clock_breakdown = timed
     layers = spread_layers(module)
     before = bool(config.use_data_before_expert_parallelism)
     if not layers:

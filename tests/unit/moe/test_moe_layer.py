@@ -201,7 +201,8 @@ def test_upstream_dense_gating_outputs_are_consistent(k: int):
         ({"ep_size": 3}, "ep_size=3"),
         ({"noisy_gate_policy": "gumbel"}, "noisy_gate_policy='gumbel'"),
         ({"noisy_gate_policy": "RSample", "k": 2}, "top2_2nd_expert_sampling"),
-        ({"capacity_factor": 0}, "capacity_factor=0"),
+        ({"capacity_factor": -1.0}, "capacity_factor=-1.0"),
+        ({"min_capacity": 2.5}, "min_capacity=2.5"),
         ({"enable_expert_tensor_parallelism": True}, "enable_expert_tensor_parallelism"),
     ],
 )
@@ -238,3 +239,55 @@ def test_upstream_import_paths():
     assert deepspeed.moe.experts.Experts is not None and MOELayer and TopKGate
     assert callable(groups._get_expert_parallel_group)
     assert groups._get_max_expert_size() >= 1
+
+
+def test_a_zero_capacity_factor_is_a_fixed_capacity_and_float_counts_are_taken():
+    moe = _layer(1, drop_tokens=True, capacity_factor=0.0, min_capacity=3.0)
+    assert moe.deepspeed_moe.gate.routes(torch.randn(40, H)).capacity == 3
+
+
+def test_sparse_routes_are_upstreams_index_form_of_the_same_routing():
+    gate = _layer(2, drop_tokens=True, min_capacity=0).deepspeed_moe.gate
+    x = torch.randn(12, H)
+    l_aux, cw, mask, counts = gate(x)
+    l2, cap, e, experts, slots, weights, counts2 = gate(x, None, True)
+    assert (cap, e) == (cw.shape[2], E) and experts.dtype == slots.dtype == torch.int32
+    assert torch.equal(l_aux, l2) and torch.equal(counts, counts2)
+    dense = torch.zeros_like(cw)
+    for r in range(2):
+        for s in range(12):
+            if experts[r, s] >= 0:
+                dense[s, experts[r, s], slots[r, s]] += weights[r, s]
+    torch.testing.assert_close(dense, cw)
+
+
+def test_timing_attributes_are_measured_when_asked():
+    moe = _layer(1)
+    layer = moe.deepspeed_moe
+    assert layer.time_moe == 0.0 and layer.gate.gate_time == 0.0
+    layer.wall_clock_breakdown = layer.gate.wall_clock_breakdown = True
+    layer.gate(torch.randn(4, H))
+    moe(torch.randn(4, H))
+    assert layer.time_moe > 0.0 and layer.gate.gate_time > 0.0
+
+
+def test_configure_moe_param_groups_leaves_split_groups_alone():
+    from deepspeed_ext.moe.utils import configure_moe_param_groups
+
+    moe = _layer(1)
+    once = configure_moe_param_groups(list(moe.parameters()))
+    twice = configure_moe_param_groups(once)
+    assert [(g.get("moe", False), len(g["params"])) for g in twice] == [
+        (g.get("moe", False), len(g["params"])) for g in once
+    ]
+
+
+def test_expert_rank_lists_are_upstreams():
+    """Upstream's documented E + M + D example (16 ranks, tensor 2, ep 4), and D + E."""
+    from deepspeed.utils.groups import _get_expert_parallel_ranks
+
+    ep, edp = _get_expert_parallel_ranks(16, 2, 4)
+    assert ep == [[0, 2, 4, 6], [8, 10, 12, 14], [1, 3, 5, 7], [9, 11, 13, 15]]
+    assert edp == [[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], [3, 11], [5, 13], [7, 15]]
+    ep, edp = _get_expert_parallel_ranks(8, 1, 2, use_data_before_expert_parallel_=True)
+    assert ep == [[0, 4], [1, 5], [2, 6], [3, 7]] and edp == [[0, 1, 2, 3], [4, 5, 6, 7]]
