@@ -44,7 +44,7 @@ class TopKGate(nn.Module):
         k: int = 1,
         capacity_factor: float = 1.0,
         eval_capacity_factor: float = 1.0,
-        min_capacity: int = 8,
+        min_capacity: int | float = 8,
         noisy_gate_policy: str | None = None,
         drop_tokens: bool = True,
         use_rts: bool = True,
@@ -68,7 +68,7 @@ class TopKGate(nn.Module):
         self.k = k
         self.capacity_factor = capacity_factor
         self.eval_capacity_factor = eval_capacity_factor
-        self.min_capacity = min_capacity
+        self.min_capacity = int(min_capacity)  # checked whole above
         self.noisy_gate_policy = None if noisy_gate_policy == "None" else noisy_gate_policy
         self.drop_tokens = drop_tokens
         self.use_rts = use_rts
@@ -262,7 +262,7 @@ class MoE(nn.Module):
         k: int = 1,
         capacity_factor: float = 1.0,
         eval_capacity_factor: float = 1.0,
-        min_capacity: int = 4,
+        min_capacity: int | float = 4,
         use_residual: bool = False,
         noisy_gate_policy: str | None = None,
         drop_tokens: bool = True,
@@ -368,7 +368,7 @@ def _check_gate(
     k: int,
     capacity_factor: float,
     eval_capacity_factor: float,
-    min_capacity: int,
+    min_capacity: int | float,
     noisy_gate_policy: str | None,
     drop_policy: str,
 ) -> None:
