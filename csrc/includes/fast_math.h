@@ -35,9 +35,18 @@ inline float fast_exp(float x) {
 // ~1e-7 near 0, which is all GeLU's 0.5 u (1 + tanh) needs.
 inline float fast_tanh(float z) { return 1.f - 2.f / (fast_exp(2.f * z) + 1.f); }
 
-// v[0..n) <- softmax(v), given mx = max(v). A row of -inf only (every entry masked out)
-// becomes zeros, not NaN: it attends to nothing.
+// v[0..n) <- softmax(v), given mx = max(v) over its non-NaN entries. A row holding a NaN
+// becomes NaN, as torch's softmax makes it (a max skips NaN, and fast_exp does not carry it:
+// a diverged score would otherwise vanish into zeros). A row of -inf only (every entry masked
+// out) becomes zeros, not NaN: it attends to nothing.
 inline void softmax_row(float* v, int64_t n, float mx) {
+  bool nan = false;
+#pragma omp simd reduction(| : nan)
+  for (int64_t j = 0; j < n; ++j) nan |= v[j] != v[j];
+  if (nan) {
+    for (int64_t j = 0; j < n; ++j) v[j] = std::numeric_limits<float>::quiet_NaN();
+    return;
+  }
   if (mx == -std::numeric_limits<float>::infinity()) {
     for (int64_t j = 0; j < n; ++j) v[j] = 0.f;
     return;

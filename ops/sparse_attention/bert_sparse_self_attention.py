@@ -38,7 +38,14 @@ def key_padding(mask: torch.Tensor | None, batch: int, seq: int) -> torch.Tensor
 
 
 class BertSparseSelfAttention(nn.Module):
-    def __init__(self, config: Any, sparsity_config: SparsityConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: Any,
+        sparsity_config: SparsityConfig | None = None,
+        max_seq_length: int | None = None,
+    ) -> None:
+        """max_seq_length: the longest sequence (a multiple of the block); by default the
+        config's max_position_embeddings."""
         super().__init__()
         if config.hidden_size % config.num_attention_heads:
             raise ValueError(
@@ -59,7 +66,7 @@ class BertSparseSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, self.all_head_size)
         self.key = nn.Linear(config.hidden_size, self.all_head_size)
         self.value = nn.Linear(config.hidden_size, self.all_head_size)
-        max_len = getattr(config, "max_position_embeddings", 2048)
+        max_len = int(max_seq_length or getattr(config, "max_position_embeddings", 2048))
         self.sparse_self_attention = SparseSelfAttention(
             sparsity_config, key_padding_mask_mode="add", max_seq_length=max_len
         )

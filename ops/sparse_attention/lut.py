@@ -33,14 +33,21 @@ class Lut:
 _CACHE: dict[tuple[bytes, tuple[int, ...], int], Lut] = {}
 
 
+def check_block(block: int) -> None:
+    if block not in (16, 32, 64, 128):
+        raise ValueError(
+            f"block={block}: the kernels take blocks of 16, 32, 64 or 128 (the sparsity "
+            "config's block)"
+        )
+
+
 def check_layout(layout: torch.Tensor, block: int) -> torch.Tensor:
     if layout.dim() != 3 or layout.shape[1] != layout.shape[2]:
         raise ValueError(
             f"layout has shape {tuple(layout.shape)}; expected [heads, blocks, blocks] "
             "(SparsityConfig.make_layout)"
         )
-    if block not in (16, 32, 64, 128):
-        raise ValueError(f"block={block}: the kernels take blocks of 16, 32, 64 or 128")
+    check_block(block)
     layout = layout.detach().to("cpu", torch.int64)
     if not ((layout == 0) | (layout == 1)).all():
         raise ValueError("layout entries must be 0 or 1")

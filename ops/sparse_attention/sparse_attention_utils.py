@@ -67,20 +67,25 @@ class SparseAttentionUtils:
     def replace_model_self_attention_with_sparse_self_attention(
         model: Any, max_position: int, sparsity_config: SparsityConfig | None = None
     ) -> Any:
-        _, enc = _encoder_of(model)
-        model.config.max_position_embeddings = max_position
+        kind, enc = _encoder_of(model)
+        # RoBERTa's position table has 2 more rows than positions (padding_idx + 1 offset),
+        # as extend_position_embedding leaves it: the config keeps counting those rows
+        model.config.max_position_embeddings = max_position + (2 if kind == "roberta" else 0)
         SparseAttentionUtils.replace_self_attention_layer_with_sparse_self_attention_layer(
-            model.config, enc.encoder.layer, sparsity_config
+            model.config, enc.encoder.layer, sparsity_config, max_position
         )
         return model
 
     @staticmethod
     def replace_self_attention_layer_with_sparse_self_attention_layer(
-        config: Any, layers: Any, sparsity_config: SparsityConfig | None = None
+        config: Any,
+        layers: Any,
+        sparsity_config: SparsityConfig | None = None,
+        max_seq_length: int | None = None,
     ) -> Any:
         for layer in layers:
             old = layer.attention.self
-            new = HFBertSparseSelfAttention(config, sparsity_config).to(
+            new = HFBertSparseSelfAttention(config, sparsity_config, max_seq_length).to(
                 old.query.weight.device, old.query.weight.dtype
             )
             new.query, new.key, new.value = old.query, old.key, old.value  # trained weights

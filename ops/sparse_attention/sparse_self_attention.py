@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from . import fused
-from .lut import Tiles, tiles_for
+from .lut import Tiles, check_block, tiles_for
 from .matmul import MatMul
 from .softmax import Softmax, additive
 from .sparsity_config import SparsityConfig
@@ -42,6 +42,7 @@ class SparseSelfAttention(nn.Module):
         ):
             if mode not in ("add", "mul"):
                 raise ValueError(f"{name}={mode!r}: expected 'add' or 'mul'")
+        check_block(self.sparsity_config.block)  # at construction, not at the first forward
         self.key_padding_mask_mode = key_padding_mask_mode
         self.attn_mask_mode = attn_mask_mode
         self.max_seq_length = max_seq_length
@@ -97,6 +98,10 @@ class SparseSelfAttention(nn.Module):
                 f"query has shape {tuple(query.shape)}; expected [batch, heads, seq, head_dim]"
             )
         bsz, heads, seq, head_dim = query.shape
+        if seq == 0 or head_dim == 0:
+            raise ValueError(
+                f"query has shape {tuple(query.shape)}: the sequence and head_dim must not be empty"
+            )
         if heads != self.sparsity_config.num_heads:
             raise ValueError(
                 f"query has {heads} heads but the sparsity config was made for "

@@ -158,12 +158,23 @@ def _set_global_ranges(
     horizontal: bool,
 ) -> None:
     """Columns [s, e) attended by every row (from row s on when causal); with horizontal,
-    rows [s, e) attend to every column."""
+    rows [s, e) attend to every column. A negative index counts from the last block, as
+    Python's (and upstream's) indexing reads it."""
     n = grid.shape[0]
     for k, s in enumerate(starts):
+        if s < 0:
+            if s < -n:
+                raise ValueError(
+                    f"global block index {s} is before the first of the sequence's {n} "
+                    f"blocks: give an index in [-{n}, {n})"
+                )
+            s += n
         if s >= n:
             continue  # past this sequence's blocks
-        e = min(ends[k], n) if ends is not None else s + 1
+        if ends is None:
+            e = s + 1
+        else:
+            e = ends[k] + n if ends[k] < 0 else min(ends[k], n)
         grid[s if causal else 0 :, s:e] = 1
         if horizontal:
             grid[s:e, :] = 1

@@ -56,10 +56,13 @@ PARAM_NAMES = (
 
 
 def _additive_mask(mask: torch.Tensor, b: int, s: int) -> torch.Tensor:
-    """An attention mask as fp32 [b, 1 or s, s]: additive masks as given (HF's extended
-    [b, 1, 1, s] or [b, 1, s, s], or [b, s] / [b, s, s]); bool masks True = attend."""
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+    """An attention mask as fp32 [b, 1 or s, s]: floating masks are additive, as given (HF's
+    extended [b, 1, 1, s] or [b, 1, s, s], or [b, s] / [b, s, s]); bool and integer masks
+    (a tokenizer's 0/1 attention_mask) say which keys to attend, as BertSparseSelfAttention
+    reads them: added as 0/1 they masked nothing."""
+    if not mask.is_floating_point():
+        keep = mask.bool() if mask.dtype != torch.bool else mask
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~keep, float("-inf"))
     m = mask.float()
     if m.dim() == 4 and m.shape[1] == 1:
         m = m[:, 0]

@@ -136,6 +136,32 @@ def test_longer_position_embeddings_repeat_the_trained_ones():
     assert torch.equal(new[:2], old[:2]) and torch.equal(new[SEQ + 2 :], old[2:])
 
 
+def test_an_extended_sparse_roberta_saves_and_loads(tmp_path):
+    """extend_position_embedding then replace_...: the config keeps counting the table's
+    2 offset rows (it was cut to the positions, and from_pretrained refused the table)."""
+    cfg = transformers.RobertaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SEQ + 2,
+    )
+    rob = transformers.RobertaForMaskedLM(cfg)
+    SparseAttentionUtils.extend_position_embedding(rob, 2 * SEQ)
+    sparse = FixedSparsityConfig(num_heads=4, block=16)
+    SparseAttentionUtils.replace_model_self_attention_with_sparse_self_attention(
+        rob, 2 * SEQ, sparse
+    )
+    assert rob.config.max_position_embeddings == 2 * SEQ + 2
+    assert rob.roberta.embeddings.position_embeddings.weight.shape[0] == 2 * SEQ + 2
+    ids = torch.randint(3, 40, (1, 2 * SEQ))
+    assert rob(ids).logits.shape == (1, 2 * SEQ, 40)  # the sparse layers take 2 * SEQ
+    rob.save_pretrained(tmp_path)
+    again = transformers.RobertaForMaskedLM.from_pretrained(tmp_path)
+    assert again.config.max_position_embeddings == 2 * SEQ + 2
+
+
 def test_tokenizer_length_and_bad_models():
     class Tok:
         model_max_length = 512

@@ -142,6 +142,19 @@ def test_a_row_with_every_key_masked_gives_zeros(path):
     assert torch.equal(y, torch.zeros_like(y))
 
 
+def test_a_row_holding_a_nan_is_nan_as_in_torch(path):
+    """A diverged score must show: a max that skips NaN once made such rows zeros."""
+    lay = torch.ones(1, 2, 2, dtype=torch.long)
+    x = torch.randn(1, 4, BS, BS)
+    x[0, 0, 3, 5] = float("nan")  # query row 3, one score
+    x[0, 1, 7] = float("nan")  # query row 7, every score of one of its blocks
+    x[0, 0, 7] = float("nan")  # ... and of the other: the whole row
+    y = Softmax(lay, BS)(x)
+    assert bool(y[0, :2, 3].isnan().all()) and bool(y[0, :2, 7].isnan().all())
+    rest = [r for r in range(BS) if r not in (3, 7)]
+    assert not bool(y[0, :2, rest].isnan().any()) and not bool(y[0, 2:].isnan().any())
+
+
 @pytest.mark.parametrize("value", [-1e9, torch.finfo(torch.float32).min])
 def test_huge_finite_masks_act_as_the_floor(path, value):
     """[Note: additive mask floor]: a key masked by a huge finite value weighs 0 as at the
@@ -240,6 +253,11 @@ def test_bad_input_is_named():
         MatMul(torch.tensor([[[1, 0], [0, 0]]]), BS, "sdd")
     with pytest.raises(ValueError, match="block=8: the kernels take blocks of 16, 32, 64 or 128"):
         Softmax(torch.ones(1, 2, 2, dtype=torch.long), 8)
+    with pytest.raises(ValueError, match="block=8: the kernels take blocks"):  # when built
+        SparseSelfAttention(FixedSparsityConfig(H, 8), max_seq_length=SIDE)
+    for empty in (q[:, :, :0], q[..., :0]):
+        with pytest.raises(ValueError, match="must not be empty"):
+            att(empty, empty, empty)
     with pytest.raises(ValueError, match="mode='sss'"):
         MatMul(torch.ones(1, 2, 2, dtype=torch.long), BS, "sss")
     lut = lut_for(torch.ones(1, 2, 2, dtype=torch.long), BS)

@@ -191,3 +191,28 @@ def test_bad_lengths_are_named():
         VariableSparsityConfig(1, B, num_random_blocks=5).make_layout(4 * B)
     with pytest.raises(NotImplementedError, match="SparsityConfig defines no pattern"):
         SparsityConfig(1, B).make_layout(4 * B)
+
+
+@pytest.mark.parametrize(
+    ("cls", "kw"),
+    [
+        (VariableSparsityConfig, {"local_window_blocks": [2]}),
+        (VariableSparsityConfig, {"local_window_blocks": [2], "attention": "unidirectional"}),
+        (VariableSparsityConfig, {"local_window_blocks": [2], "horizontal_global_attention": True}),
+        (BSLongformerSparsityConfig, {}),
+    ],
+)
+def test_negative_global_indices_count_from_the_last_block(cls, kw):
+    """As Python's indexing (and upstream's) reads them; they were dropped."""
+    blocks = 6
+
+    def layout(starts, ends=None):
+        return cls(
+            num_heads=1, block=1, global_block_indices=starts, global_block_end_indices=ends, **kw
+        ).make_layout(blocks)
+
+    assert torch.equal(layout([-1]), layout([blocks - 1]))
+    assert torch.equal(layout([0, -2]), layout([0, blocks - 2]))
+    assert torch.equal(layout([-3], [-1]), layout([blocks - 3], [blocks - 1]))
+    with pytest.raises(ValueError, match="global block index -7 is before the first"):
+        layout([-7])

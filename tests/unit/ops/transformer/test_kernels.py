@@ -108,6 +108,16 @@ def test_a_fully_masked_row_attends_to_nothing():
         torch.testing.assert_close(probs[0, 0, 0].sum(), torch.tensor(1.0))
 
 
+def test_a_row_holding_a_nan_is_nan_as_in_torch():
+    scores = torch.randn(1, 1, 3, 4)
+    scores[0, 0, 1, 2] = float("nan")
+    scores[0, 0, 2] = float("nan")  # every score of the row
+    for k in (CPUKernels, TorchKernels):
+        probs = k.softmax_fwd(scores, None, 1.0)
+        assert bool(probs[0, 0, 1:].isnan().all()), k
+        torch.testing.assert_close(probs[0, 0, 0].sum(), torch.tensor(1.0))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_torch_kernels_match_the_cpu_op(dtype):
     """The path non-CPU tensors take is the same math as the op."""

@@ -104,6 +104,19 @@ def test_matches_plain_torch_layer(pre_ln, mask_kind):
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.long, torch.int32, torch.bool])
+def test_a_tokenizers_0_1_mask_masks_the_padded_keys(dtype):
+    """As BertSparseSelfAttention reads it: 1 attend, 0 masked (added as a bias it masked
+    nothing)."""
+    layer = make_layer(True)
+    x = torch.randn(B, S, H)
+    keep = torch.ones(B, S, dtype=torch.long)
+    keep[0, -3:] = 0
+    additive = torch.zeros(B, 1, 1, S).masked_fill(keep[:, None, None, :] == 0, float("-inf"))
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, keep.to(dtype)), layer(x, additive))
+
+
 @pytest.mark.parametrize("pre_ln", [True, False], ids=["pre_ln", "post_ln"])
 def test_dropout_matches_the_reference_with_the_same_masks(pre_ln):
     layer = make_layer(pre_ln, p_attn=0.2, p_hid=0.3)
