@@ -66,7 +66,7 @@ class BertSparseSelfAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, self.all_head_size)
         self.key = nn.Linear(config.hidden_size, self.all_head_size)
         self.value = nn.Linear(config.hidden_size, self.all_head_size)
-        max_len = int(max_seq_length or getattr(config, "max_position_embeddings", 2048))
+        max_len: int = max_seq_length or int(getattr(config, "max_position_embeddings", 2048))
         self.sparse_self_attention = SparseSelfAttention(
             sparsity_config, key_padding_mask_mode="add", max_seq_length=max_len
         )
