@@ -267,12 +267,16 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:
         """The model's param groups: a client optimizer's, model_parameters (params or groups),
         or every module param in one group."""
+        # a factory gets the params in the form they were given (upstream calls it with
+        # model_parameters): a flat iterable unless groups were given
+        self._given_flat = True
         if isinstance(client, torch.optim.Optimizer):
             return [dict(g) for g in client.param_groups]
         if model_parameters is None:
             return [{"params": list(self.module.parameters())}]
         items = list(model_parameters)
         if items and isinstance(items[0], dict):
+            self._given_flat = False
             return [dict(g, params=_tensors(g["params"])) for g in items]
         return [{"params": _tensors(items)}]
 
@@ -305,7 +309,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                     "nothing to train (unfreeze what should train: requires_grad=True)"
                 )
         if callable(client):
-            return client(groups)
+            flat = self._given_flat and len(groups) == 1 and groups[0].keys() == {"params"}
+            return client(list(groups[0]["params"]) if flat else groups)
         first = groups[0]["params"]
         master_device = first[0].device if first else optimizer_device(self.config, self.device)
         return build_optimizer(

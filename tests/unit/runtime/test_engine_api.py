@@ -52,11 +52,31 @@ def _client_objects() -> dict:
         optimizer=lambda params: torch.optim.Adam(params, lr=1e-3),
         config={"train_micro_batch_size_per_gpu": 8},
     )
+    # a factory gets a flat iterable of params when params were given flat (upstream calls it
+    # with model_parameters), groups when groups were given
+    seen: dict[str, object] = {}
+
+    def factory(params):
+        params = list(params)
+        seen.setdefault("kinds", []).append(type(params[0]).__name__)  # type: ignore[union-attr]
+        return torch.optim.SGD([p for p in params if not isinstance(p, dict)] or params, lr=0.1)
+
+    for stage in (0, 2):
+        for given in (None, "groups"):
+            model = mlp()
+            groups = [{"params": list(model.parameters()), "lr": 0.1}] if given else None
+            initialize(
+                model=model,
+                model_parameters=groups,
+                optimizer=factory,
+                config={"train_micro_batch_size_per_gpu": 8, "zero_optimization": {"stage": stage}},
+            )
     return {
         "same_opt": eopt is opt,
         "lr_after": engine.get_lr()[0],
         "sched": type(sched).__name__,
         "callable_opt": type(eopt2).__name__,
+        "factory_got": seen["kinds"],
     }
 
 
@@ -64,6 +84,8 @@ def test_client_optimizer_and_callables():
     (r,) = run_ranks(_client_objects, 1)
     assert r["same_opt"] and r["sched"] == "StepLR" and r["lr_after"] == 0.25
     assert r["callable_opt"] == "Adam"
+    got = r["factory_got"]  # stages 0 and 2: params given flat, then as groups
+    assert [k == "dict" for k in got] == [False, True, False, True], got
 
 
 def _init_error(cfg: dict) -> str:
