@@ -47,7 +47,12 @@ class StepMetrics:
         synchronize: Any = None,
         sources: list[Any] | None = None,
         rank_times: Any = None,
+        loss_over_ranks: Any = None,
     ) -> None:
+        # (sum, count) of this rank's window losses -> the same summed over the data-parallel
+        # ranks (a collective every rank reaches on print steps): the line's loss is the
+        # mean over every rank's batches; None: this rank's own (already a mean: a pipeline's)
+        self.loss_over_ranks = loss_over_ranks
         # timers.throughput: off drops samples/s and tokens/s; `synchronize` (the device's,
         # when timers.throughput.synchronized) makes the step's time include queued work
         self.throughput = throughput
@@ -122,8 +127,11 @@ class StepMetrics:
             self.rank_times.write(step, step - self._last_step, dt)
         self._last_step = step
         values: dict[str, float] = {}
-        if self._losses:
-            values["loss"] = sum(float(x) for x in self._losses) / len(self._losses)
+        total, count = sum(float(x) for x in self._losses), float(len(self._losses))
+        if self.loss_over_ranks is not None:
+            total, count = self.loss_over_ranks(total, count)
+        if count:
+            values["loss"] = total / count
         named = {k: sum(vs) / len(vs) for k, vs in self._values.items()}
         values.update(named)
         values["lr"] = lr

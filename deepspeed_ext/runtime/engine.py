@@ -203,6 +203,9 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                 *([self.slow_nodes.take_window] if self.slow_nodes else []),
             ],
             rank_times=rank_times_from_config(config, self.rank, comm.waits.take),
+            # the loss on the line is every data-parallel rank's mean (a pipeline's loss is
+            # that already)
+            loss_over_ranks=None if self.pipeline_parallelism else self._losses_over_ranks,
         )
         # upstream's engine.monitor: write_events() for the user's own scalars
         self.monitor = MonitorMaster(self.metrics.writers, monitors_enabled(config))
@@ -223,6 +226,10 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         config_effects.dump_state(self)
 
     # -- construction helpers -----------------------------------------------------------------
+    def _losses_over_ranks(self, total: float, count: float) -> tuple[float, float]:
+        summed = comm.sums_over([total, count], self.layout.data)
+        return summed[0], summed[1]
+
     def _accum_dtype(self, params: list[torch.nn.Parameter]) -> torch.dtype:
         name = getattr(getattr(self.config, "data_types", None), "grad_accum_dtype", None)
         if name:

@@ -190,7 +190,9 @@ def test_engine_monitor_writes_a_users_own_events(tmp_path):
     assert rows == ["step,accuracy", "10,0.5", "20,0.75"]
 
 
-def _monitored(out: str) -> None:
+def _monitored(out: str) -> list[float]:
+    """Each rank's own losses, for the line's data-parallel mean."""
+    from deepspeed_ext.comm import get_rank
     from deepspeed_ext.runtime.initialize import initialize
 
     engine, *_ = initialize(
@@ -203,11 +205,25 @@ def _monitored(out: str) -> None:
             "csv_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
         },
     )
+    losses = []
     for s in range(4):
-        x, y = batch(s, 0)
-        engine.backward(loss_fn(engine, x, y))
+        x, y = batch(s, get_rank())
+        loss = loss_fn(engine, x, y)
+        engine.backward(loss)
         engine.step()
+        losses.append(float(loss))
     engine.destroy()
+    return losses
+
+
+def test_the_lines_loss_is_the_mean_over_the_data_parallel_ranks(tmp_path):
+    """Upstream logs rank 0's own; the line here is every rank's batches' mean."""
+    per_rank = run_ranks(_monitored, 2, str(tmp_path))
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    for row, window in zip(rows, (slice(0, 2), slice(2, 4))):
+        want = sum(sum(r[window]) for r in per_rank) / 4
+        assert row["loss"] == pytest.approx(want, rel=1e-6), (row, per_rank)
+        assert row["loss"] != pytest.approx(sum(per_rank[0][window]) / 2, rel=1e-6)
 
 
 def test_monitors_write_the_metrics_line_values(tmp_path, capfd):

@@ -103,7 +103,7 @@ def _surface() -> dict:
     cfg = {
         "train_micro_batch_size_per_gpu": 8,
         "gradient_accumulation_steps": 4,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "adam_w_mode": False}},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "adam_w_mode": True}},
         "fp16": {"enabled": True, "initial_scale_power": 10},
         "gradient_clipping": 1.0,
     }
@@ -130,7 +130,8 @@ def _surface() -> dict:
 def test_upstreams_surface_of_scale_norm_and_clipping():
     """engine.backward returns the loss over the accumulation steps; an overflowed step's
     norm is inf (it was the last applied step's, or None); the optimizer carries the fp16
-    scale; adam_w_mode is taken in an AdamW section; clip_fp32_gradients measures unscaled
+    scale; adam_w_mode is taken in an AdamW section (true: false is refused, as the config
+    tests check); clip_fp32_gradients measures unscaled
     gradients (found by a fuzzing helper against upstream 0.19.8)."""
     (r,) = run_ranks(_surface, 1)
     assert r["scale_attrs"] == (1024.0, 1024.0, True)

@@ -25,9 +25,10 @@ def test_one_bit_gradients_train_like_fp32_and_resume_exactly(tmp_path: Path) ->
     for n in r0["packed_params"]:
         assert torch.equal(r0["packed_params"][n], r1["packed_params"][n]), n
     # the buckets' exchange: signs and scales in all-to-all / all-gather, no fp32 all-reduce
-    # of them (an all-reduce of one number is the gradient norm's)
+    # of them (an all-reduce of one or two numbers is the gradient norm's, or the metrics
+    # line's loss sum and count)
     assert "all_to_all_single" in r0["rows"], r0["rows"]
-    assert max(r0["rows"].get("all_reduce", [0])) <= 8, r0["rows"]
+    assert max(r0["rows"].get("all_reduce", [0])) <= 16, r0["rows"]
     # the metrics line: bytes sent per step and the ratio against an fp32 all-reduce (small
     # tensors pad to 8 x world elements, so this model gets less than the 32x of large ones)
     (m40, m80) = r0["metrics"]
