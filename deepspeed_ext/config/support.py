@@ -298,28 +298,20 @@ def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
             "the optimizer runs beside the model; offload needs stage 1, 2 or 3"
         )
     if off is not None and off.device == "cpu":
-        keys = [
-            f"zero_optimization.offload_optimizer.{k}"
-            for k in ("pipeline_read", "pipeline_write", "nvme_path")
-        ]
-        keys = [k for k in keys if _is_set(cfg, k)]
-        if keys:
-            out.append(
-                f"{keys_have(keys)} no effect with "
-                'offload_optimizer.device "cpu": they place and overlap NVMe reads and writes'
-            )
+        out += _unread(
+            cfg,
+            "zero_optimization.offload_optimizer",
+            ("pipeline_read", "pipeline_write", "nvme_path"),
+            'with offload_optimizer.device "cpu": they place and overlap NVMe reads and writes',
+        )
     par = z.offload_param
     if stage == 3 and par is not None and par.device == "cpu":
-        keys = [
-            f"zero_optimization.offload_param.{k}"
-            for k in ("max_in_cpu", "buffer_size", "buffer_count", "nvme_path")
-        ]
-        keys = [k for k in keys if _is_set(cfg, k)]
-        if keys:
-            out.append(
-                f'{keys_have(keys)} no effect with offload_param.device "cpu": they size '
-                "and place the NVMe swap"
-            )
+        out += _unread(
+            cfg,
+            "zero_optimization.offload_param",
+            ("max_in_cpu", "buffer_size", "buffer_count", "nvme_path"),
+            'with offload_param.device "cpu": they size and place the NVMe swap',
+        )
     nvme_opt = off is not None and off.device == "nvme"
     if stage == 3 and not nvme_opt and _is_set(cfg, "zero_optimization.sub_group_size"):
         out.append(
@@ -327,18 +319,20 @@ def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
             '"nvme": it is the number of elements swapped in per optimizer sub-step'
         )
     if stage == 0:
-        keys = [
-            f"zero_optimization.{k}"
-            for k in ("overlap_comm", "reduce_scatter", "allgather_bucket_size")
-        ]
-        keys = [k for k in keys if _is_set(cfg, k)]
-        if keys:
-            out.append(
-                f"{keys_have(keys)} no effect at zero_optimization.stage 0: they tune ZeRO's "
-                "reduce-scatter and all-gather (stage 0 all-reduces gradient buckets while "
-                "backward runs)"
-            )
+        out += _unread(
+            cfg,
+            "zero_optimization",
+            ("overlap_comm", "reduce_scatter", "allgather_bucket_size"),
+            "at zero_optimization.stage 0: they tune ZeRO's reduce-scatter and all-gather "
+            "(stage 0 all-reduces gradient buckets while backward runs)",
+        )
     return out + _unread_elsewhere(cfg)
+
+
+def _unread(cfg: DeepSpeedConfig, section: str, names: tuple[str, ...], why: str) -> list[str]:
+    """One line naming the keys of `section` the config sets, which have no effect `why`."""
+    keys = [f"{section}.{k}" for k in names if _is_set(cfg, f"{section}.{k}")]
+    return [f"{keys_have(keys)} no effect {why}"] if keys else []
 
 
 def _unread_elsewhere(cfg: DeepSpeedConfig) -> list[str]:
@@ -348,9 +342,9 @@ def _unread_elsewhere(cfg: DeepSpeedConfig) -> list[str]:
     uses_nvme = any(
         s is not None and s.device == "nvme" for s in (z.offload_param, z.offload_optimizer)
     )
-    keys = [f"aio.{k}" for k in type(cfg.aio).model_fields if _is_set(cfg, f"aio.{k}")]
-    if keys and not uses_nvme:
-        out.append(f"{keys_have(keys)} no effect without an NVMe offload: aio drives NVMe I/O")
+    if not uses_nvme:
+        aio = tuple(type(cfg.aio).model_fields)
+        out += _unread(cfg, "aio", aio, "without an NVMe offload: aio drives NVMe I/O")
     fp16 = cfg.fp16
     if fp16.enabled and not fp16.dynamic_loss_scale:
         names = (
@@ -360,12 +354,13 @@ def _unread_elsewhere(cfg: DeepSpeedConfig) -> list[str]:
             "consecutive_hysteresis",
             "min_loss_scale",
         )
-        keys = [f"fp16.{k}" for k in names if _is_set(cfg, f"fp16.{k}")]
-        if keys:
-            out.append(
-                f"{keys_have(keys)} no effect with a static fp16.loss_scale "
-                f"({fp16.loss_scale:g}): they drive dynamic loss scaling (loss_scale 0)"
-            )
+        out += _unread(
+            cfg,
+            "fp16",
+            names,
+            f"with a static fp16.loss_scale ({fp16.loss_scale:g}): they drive dynamic loss "
+            "scaling (loss_scale 0)",
+        )
     if _is_set(cfg, "gradient_predivide_factor") and (
         cfg.prescale_gradients or cfg.gradient_allreduce_op != "mean"
     ):

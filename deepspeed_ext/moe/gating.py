@@ -23,11 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 Reduce = Callable[[int], int]  # the capacity agreed over the expert-parallel group
+_EPS = torch.finfo(torch.float32).eps  # a floor for the kept gates' sum (gates are fp32)
 
 
 @dataclass
@@ -50,7 +52,9 @@ def gumbel_rsample(shape: tuple[int, ...] | torch.Size, device: torch.device) ->
     return -torch.log(-torch.log(u))
 
 
-def multiplicative_jitter(x: torch.Tensor, device: torch.device, epsilon: float = 1e-2):
+def multiplicative_jitter(
+    x: torch.Tensor, device: torch.device, epsilon: float = 1e-2
+) -> torch.Tensor:
     """x times a uniform factor in [1 - epsilon, 1 + epsilon] (the Switch Transformer's)."""
     if epsilon == 0:
         return x
@@ -84,6 +88,31 @@ def _route(
     return experts, slots, weights.gather(1, col).squeeze(1) * kept
 
 
+def _capacity(
+    drop_tokens: bool,
+    s: int,
+    e: int,
+    factor: float,
+    min_capacity: int,
+    exp_counts: torch.Tensor,
+    agree: Reduce,
+) -> int:
+    """By the factor, or without drop_tokens the busiest expert's load; agreed over the
+    expert-parallel group either way ([Note: MoE routes])."""
+    if drop_tokens:
+        return agree(capacity_of(s, e, factor, min_capacity))
+    return max(agree(int(exp_counts.max())), 1)
+
+
+def _used(mask: torch.Tensor, used_token: torch.Tensor | None) -> torch.Tensor:
+    return mask if used_token is None else mask * used_token.reshape(-1, 1).to(mask.dtype)
+
+
+def _stacked(routes: list[Any]) -> Any:
+    """Per route (experts, slots, weights) -> each stacked to [k, s]."""
+    return (torch.stack(t) for t in zip(*routes))
+
+
 def top1(
     logits: torch.Tensor,
     capacity_factor: float,
@@ -96,27 +125,18 @@ def top1(
 ) -> Routes:
     s, e = logits.shape
     gates = F.softmax(logits, dim=1)
-    pick = (
-        logits + gumbel_rsample(logits.shape, logits.device)
-        if noisy_gate_policy == "RSample"
-        else gates
-    )
+    noisy = noisy_gate_policy == "RSample"
+    pick = logits + gumbel_rsample(logits.shape, logits.device) if noisy else gates
     choice = torch.argmax(pick, dim=1)
-    mask = F.one_hot(choice, e)
-    if used_token is not None:
-        mask = mask * used_token.reshape(-1, 1).to(mask.dtype)
+    mask = _used(F.one_hot(choice, e), used_token)
     exp_counts = mask.sum(0).detach()
     l_aux = torch.sum(gates.mean(0) * mask.float().mean(0)) * e
-    if drop_tokens:
-        capacity = agree(capacity_of(s, e, capacity_factor, min_capacity))
-        if use_rts:  # random token selection: who stays is random, not who came first
-            mask = _keep_top(mask, torch.rand(mask.shape, device=mask.device), capacity)
-        else:
-            mask = _keep_first(mask, capacity)
-    else:
-        capacity = max(agree(int(exp_counts.max())), 1)
-    positions = _positions(mask)
-    experts, slots, weights = _route(mask, positions, gates, choice)
+    capacity = _capacity(drop_tokens, s, e, capacity_factor, min_capacity, exp_counts, agree)
+    if drop_tokens and use_rts:  # random token selection: who stays is random
+        mask = _keep_top(mask, torch.rand(mask.shape, device=mask.device), capacity)
+    elif drop_tokens:
+        mask = _keep_first(mask, capacity)
+    experts, slots, weights = _route(mask, _positions(mask), gates, choice)
     return Routes(l_aux, capacity, e, experts[None], slots[None], weights[None], exp_counts)
 
 
@@ -135,26 +155,19 @@ def top2(
     mask1 = F.one_hot(first, e)
     noisy = logits + gumbel_rsample(logits.shape, logits.device) if second_sampling else logits
     second = torch.argmax(noisy.masked_fill(mask1.bool(), float("-inf")), dim=1)
-    mask2 = F.one_hot(second, e)
-    if used_token is not None:
-        used = used_token.reshape(-1, 1).to(mask1.dtype)
-        mask1, mask2 = mask1 * used, mask2 * used
+    mask1, mask2 = _used(mask1, used_token), _used(F.one_hot(second, e), used_token)
     pos1 = _positions(mask1)
     pos2 = _positions(mask2) + mask1.sum(0, keepdim=True)  # second choices queue behind firsts
     l_aux = torch.mean(gates.mean(0) * mask1.float().mean(0)) * e * e
     exp_counts = (mask1 + mask2).sum(0).detach()
+    capacity = _capacity(drop_tokens, s, e, capacity_factor * 2, min_capacity, exp_counts, agree)
     if drop_tokens:
-        capacity = agree(capacity_of(s, e, capacity_factor * 2, min_capacity))
         mask1 = mask1 * (pos1 < capacity)
         mask2 = mask2 * (pos2 < capacity)
-    else:
-        capacity = max(agree(int(exp_counts.max())), 1)
-    g1 = (gates * mask1).sum(1)
-    g2 = (gates * mask2).sum(1)
-    denom = torch.clamp(g1 + g2, min=torch.finfo(gates.dtype).eps)
+    denom = torch.clamp((gates * mask1).sum(1) + (gates * mask2).sum(1), min=_EPS)
     norm = gates / denom.unsqueeze(1)
-    routes = [_route(m, p, norm, c) for m, p, c in ((mask1, pos1, first), (mask2, pos2, second))]
-    experts, slots, weights = (torch.stack(t) for t in zip(*routes))
+    pairs = ((mask1, pos1, first), (mask2, pos2, second))
+    experts, slots, weights = _stacked([_route(m, p, norm, c) for m, p, c in pairs])
     return Routes(l_aux, capacity, e, experts, slots, weights, exp_counts)
 
 
@@ -170,25 +183,20 @@ def topk(
 ) -> Routes:
     s, e = logits.shape
     gates = F.softmax(logits, dim=1)
-    top_gate, top_idx = torch.topk(gates, k=k, dim=1)
-    mask = torch.zeros_like(gates, dtype=torch.int64).scatter_(1, top_idx, 1)
-    if used_token is not None:
-        mask = mask * used_token.reshape(-1, 1).to(mask.dtype)
+    top_idx = torch.topk(gates, k=k, dim=1).indices
+    mask = _used(torch.zeros_like(gates, dtype=torch.int64).scatter_(1, top_idx, 1), used_token)
     exp_counts = mask.sum(0).detach()
     l_aux = torch.mean(gates.mean(0) * mask.float().mean(0)) * e * e / k
-    if drop_tokens:
-        capacity = agree(capacity_of(s, e, capacity_factor * k, min_capacity))
-        if drop_policy == "probs":  # keep each expert's most confident tokens
-            mask = _keep_top(mask, gates, capacity)
-        else:  # "position": the first to arrive
-            mask = _keep_first(mask, capacity)
-    else:
-        capacity = max(agree(int(exp_counts.max())), 1)
+    capacity = _capacity(drop_tokens, s, e, capacity_factor * k, min_capacity, exp_counts, agree)
+    if drop_tokens and drop_policy == "probs":  # keep each expert's most confident tokens
+        mask = _keep_top(mask, gates, capacity)
+    elif drop_tokens:  # "position": the first to arrive
+        mask = _keep_first(mask, capacity)
     positions = _positions(mask)
     masked = gates * mask
-    norm = masked / torch.clamp(masked.sum(1, keepdim=True), min=torch.finfo(gates.dtype).eps)
+    norm = masked / torch.clamp(masked.sum(1, keepdim=True), min=_EPS)
     routes = [_route(mask, positions, norm, top_idx[:, j]) for j in range(k)]
-    experts, slots, weights = (torch.stack(t) for t in zip(*routes))
+    experts, slots, weights = _stacked(routes)
     return Routes(l_aux, capacity, e, experts, slots, weights, exp_counts)
 
 

@@ -5,6 +5,7 @@ original given the layout as its attention mask, and trains the same."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import pytest
 import torch
@@ -111,6 +112,18 @@ def test_padding_to_the_block_and_back():
     )
 
 
+def _roberta_config() -> Any:
+    """A tiny RoBERTa for SEQ positions (its table has 2 more rows: padding_idx + 1)."""
+    return transformers.RobertaConfig(
+        vocab_size=40,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=SEQ + 2,
+    )
+
+
 def test_longer_position_embeddings_repeat_the_trained_ones():
     model = tiny_bert()
     old = model.bert.embeddings.position_embeddings.weight.detach().clone()
@@ -120,14 +133,7 @@ def test_longer_position_embeddings_repeat_the_trained_ones():
     assert torch.equal(new[SEQ : 2 * SEQ], old) and torch.equal(new[:SEQ], old)
     ids = torch.randint(1, 40, (1, 2 * SEQ))
     assert model(ids).logits.shape == (1, 3)  # the longer sequence runs
-    cfg = transformers.RobertaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=SEQ + 2,
-    )
+    cfg = _roberta_config()
     rob = transformers.RobertaModel(cfg)
     old = rob.embeddings.position_embeddings.weight.detach().clone()
     SparseAttentionUtils.extend_position_embedding(rob, 2 * SEQ)
@@ -139,14 +145,7 @@ def test_longer_position_embeddings_repeat_the_trained_ones():
 def test_an_extended_sparse_roberta_saves_and_loads(tmp_path):
     """extend_position_embedding then replace_...: the config keeps counting the table's
     2 offset rows (it was cut to the positions, and from_pretrained refused the table)."""
-    cfg = transformers.RobertaConfig(
-        vocab_size=40,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=SEQ + 2,
-    )
+    cfg = _roberta_config()
     rob = transformers.RobertaForMaskedLM(cfg)
     SparseAttentionUtils.extend_position_embedding(rob, 2 * SEQ)
     sparse = FixedSparsityConfig(num_heads=4, block=16)
