@@ -114,9 +114,9 @@ def expert_groups_of(p: torch.Tensor) -> ExpertGroups | None:
 
 
 def expert_groups_made() -> dict[str, ExpertGroups]:
-    """The groups made under the current layout, by name."""
-    now = current()
-    return {n: g for n, (lay, g) in _made.items() if lay is now}
+    """The groups made, by name: the latest for each (an engine made before another
+    initialize keeps training with its own, which upstream's accessors answer with)."""
+    return {n: g for n, (_, g) in _made.items()}
 
 
 def expert_buffers(buckets: Any) -> list[tuple[ExpertGroups, list[torch.Tensor]]]:

@@ -65,6 +65,7 @@ class TopKGate(nn.Module):
             drop_policy,
         )
         self.wg = nn.Linear(model_dim, num_experts, bias=False)
+        self.num_experts = num_experts
         self.k = k
         self.capacity_factor = capacity_factor
         self.eval_capacity_factor = eval_capacity_factor
@@ -88,6 +89,12 @@ class TopKGate(nn.Module):
         if self.noisy_gate_policy == "Jitter" and self.training:
             x32 = gating.multiplicative_jitter(x32, x.device)
         logits = F.linear(x32, self.wg.weight.float())
+        if logits.shape[-1] != self.num_experts:
+            raise ValueError(
+                f"the MoE gate gives {logits.shape[-1]} logits for {self.num_experts} experts: "
+                "its weight was changed after the layer was built (sliced by a tensor-parallel "
+                "rule?); keep gate.wg whole (each token must see every expert)"
+            )
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
         groups = self.ep_group
         agree: gating.Reduce = (

@@ -143,6 +143,20 @@ def refused(stage: int) -> str:
     return "accepted"
 
 
+def accessors_after_another_engine() -> int:
+    """Upstream's accessors still answer for an engine's groups after another initialize."""
+    import deepspeed
+    from deepspeed.utils import groups
+
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "optimizer": {"type": "SGD", "params": {"lr": LR}},
+    }
+    deepspeed.initialize(model=Net(2, 1), config=config)
+    deepspeed.initialize(model=nn.Linear(2, 2), config=config)
+    return groups._get_expert_parallel_world_size("ep_size_2")
+
+
 def _config(precision: str) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": MICRO,

@@ -37,6 +37,10 @@ def test_four_ranks_two_copies_of_each_expert_match_one_process() -> None:
     _check(outs, moe_runs.reference(4, 2))
 
 
+def test_expert_group_accessors_answer_after_another_initialize() -> None:
+    assert run_ranks(moe_runs.accessors_after_another_engine, 2, timeout=120) == [2, 2]
+
+
 def test_what_spread_experts_do_not_run_with_yet_is_refused_by_name() -> None:
     outs = run_ranks(moe_runs.refused, 2, 1, timeout=120)
     assert all("zero_optimization.stage 1" in o and "ep_size=1" in o for o in outs), outs

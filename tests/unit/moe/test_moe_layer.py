@@ -291,3 +291,12 @@ def test_expert_rank_lists_are_upstreams():
     assert edp == [[0, 8], [2, 10], [4, 12], [6, 14], [1, 9], [3, 11], [5, 13], [7, 15]]
     ep, edp = _get_expert_parallel_ranks(8, 1, 2, use_data_before_expert_parallel_=True)
     assert ep == [[0, 4], [1, 5], [2, 6], [3, 7]] and edp == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_a_gate_cut_to_fewer_experts_is_named():
+    """A tensor-parallel rule slicing gate.wg would route each rank over part of the experts."""
+    moe = _layer(2)
+    gate = moe.deepspeed_moe.gate
+    gate.wg = nn.Linear(H, E // 2, bias=False)
+    with pytest.raises(ValueError, match="gives 2 logits for 4 experts"):
+        moe(torch.randn(4, H))
