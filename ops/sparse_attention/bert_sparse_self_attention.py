@@ -67,6 +67,13 @@ class BertSparseSelfAttention(nn.Module):
         self.key = nn.Linear(config.hidden_size, self.all_head_size)
         self.value = nn.Linear(config.hidden_size, self.all_head_size)
         max_len: int = max_seq_length or int(getattr(config, "max_position_embeddings", 2048))
+        if max_len % sparsity_config.block:
+            where = "max_seq_length" if max_seq_length else "config.max_position_embeddings"
+            raise ValueError(
+                f"{where}={max_len} is not a multiple of the sparsity block "
+                f"{sparsity_config.block}: the layout covers whole blocks; pass max_seq_length= "
+                "a multiple of it (the longest sequence after pad_to_block_size)"
+            )
         self.sparse_self_attention = SparseSelfAttention(
             sparsity_config, key_padding_mask_mode="add", max_seq_length=max_len
         )

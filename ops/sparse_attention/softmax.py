@@ -85,9 +85,13 @@ class Softmax:
         if rpe is not None:
             if rpe.dim() == 3:
                 rpe = rpe[None]
-            if rpe.dim() != 4 or tuple(rpe.shape[1:]) != (self.lut.num_heads, side, side):
+            if (
+                rpe.dim() != 4
+                or tuple(rpe.shape[1:]) != (self.lut.num_heads, side, side)
+                or rpe.shape[0] not in (1, x.shape[0])
+            ):
                 raise ValueError(
-                    f"rpe has shape {tuple(rpe.shape)}; expected [batch or 1, "
+                    f"rpe has shape {tuple(rpe.shape)}; expected [{x.shape[0]} (the batch) or 1, "
                     f"{self.lut.num_heads}, {side}, {side}]"
                 )
             if rpe.stride(-1) != 1:  # the kernels read rows: a transposed view, a slice

@@ -57,6 +57,17 @@ class SparseSelfAttention(nn.Module):
         self._ops.clear()  # made from the layout the load replaced
         self._tiles.clear()
 
+    def _fresh(self) -> None:
+        """Drop the ops and tiles made from the layout if it was edited in place since
+        (master_layout.copy_(...): its version counter moved)."""
+        if torch.compiler.is_compiling():
+            return  # traced: the eager calls before it made the ops
+        version = self.master_layout._version
+        if getattr(self, "_layout_version", version) != version:
+            self._ops.clear()
+            self._tiles.clear()
+        self._layout_version = version
+
     def get_layout(self, seq_len: int) -> torch.Tensor:
         block = self.sparsity_config.block
         if seq_len % block:
@@ -70,11 +81,13 @@ class SparseSelfAttention(nn.Module):
     def get_tiles(self, seq_len: int) -> Tiles:
         """The fused kernels' tiles for seq_len, made once (checking and hashing a layout costs
         more than the kernels at 16k tokens, and torch.compile cannot trace it)."""
+        self._fresh()
         if seq_len not in self._tiles:
             self._tiles[seq_len] = tiles_for(self.get_layout(seq_len), self.sparsity_config.block)
         return self._tiles[seq_len]
 
     def get_ops(self, heads: int, seq_len: int) -> tuple[MatMul, Softmax, MatMul]:
+        self._fresh()
         if seq_len not in self._ops:
             layout, block = self.get_layout(seq_len), self.sparsity_config.block
             self._ops[seq_len] = (
