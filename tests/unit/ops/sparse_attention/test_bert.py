@@ -174,6 +174,10 @@ def test_tokenizer_length_and_bad_models():
         )
     with pytest.raises(ValueError, match="num_heads=2 but the model has num_attention_heads=4"):
         BertSparseSelfAttention(tiny_bert().config, FixedSparsityConfig(2, BS))
+    odd = tiny_bert().config
+    odd.max_position_embeddings = 40
+    with pytest.raises(ValueError, match="config.max_position_embeddings=40 is not a multiple"):
+        BertSparseSelfAttention(odd, FixedSparsityConfig(HEADS, BS))
 
 
 def test_each_mask_form_masks_the_same_keys():

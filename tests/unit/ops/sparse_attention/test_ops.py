@@ -258,6 +258,10 @@ def test_bad_input_is_named():
     for empty in (q[:, :, :0], q[..., :0]):
         with pytest.raises(ValueError, match="must not be empty"):
             att(empty, empty, empty)
+    with pytest.raises(
+        ValueError, match=r"rpe has shape \(2, 2, 64, 64\); expected \[1 \(the batch\)"
+    ):
+        att(q, q, q, rpe=torch.zeros(2, H, SIDE, SIDE))
     with pytest.raises(ValueError, match="mode='sss'"):
         MatMul(torch.ones(1, 2, 2, dtype=torch.long), BS, "sss")
     lut = lut_for(torch.ones(1, 2, 2, dtype=torch.long), BS)
@@ -329,3 +333,7 @@ def test_the_layout_travels_in_the_state_dict():
     assert not torch.allclose(after, before)
     torch.testing.assert_close(after, theirs(q, k, v))
     torch.testing.assert_close(after, dense_attention(q, k, v, theirs.get_layout(seq)))
+    # an in-place edit of the layout after use: the ops follow it too
+    fresh = att(1)
+    mine.master_layout.copy_(fresh.master_layout)
+    torch.testing.assert_close(mine(q, k, v), before)
