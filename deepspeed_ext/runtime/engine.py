@@ -316,7 +316,10 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                     "nothing to train (unfreeze what should train: requires_grad=True)"
                 )
         if callable(client):
+            # (no params at all: the empty group, which torch's optimizers take, a flat
+            # empty list they refuse)
             flat = self._given_flat and len(groups) == 1 and groups[0].keys() == {"params"}
+            flat = flat and bool(groups[0]["params"])
             return client(list(groups[0]["params"]) if flat else groups)
         first = groups[0]["params"]
         master_device = first[0].device if first else optimizer_device(self.config, self.device)

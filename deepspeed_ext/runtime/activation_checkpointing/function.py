@@ -124,6 +124,16 @@ class _Reentrant(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
+        if not torch.autograd._is_checkpoint_valid():
+            # its inner backward fills every parameter's .grad, which torch.autograd.grad
+            # and backward(inputs=...) promise to leave alone (as torch's reentrant refuses)
+            raise RuntimeError(
+                "deepspeed.checkpointing.checkpoint (reentrant) cannot run under "
+                "torch.autograd.grad() or backward(inputs=...): its recompute's backward would "
+                "write every parameter's .grad. Use "
+                "deepspeed.checkpointing.non_reentrant_checkpoint there, or .backward() "
+                "without inputs"
+            )
         if ctx.axis is not None:
             saved = [partition.join(k, ctx.axis) for k in ctx.kept]
             ctx.kept = None

@@ -46,9 +46,18 @@ class GatheredParameters:
         for p in self.params:
             p.ds_active += 1
         gather_params(self.params)
+        # a forward inside the block whose backward comes after it: autograd keeps the
+        # whole parameter, which the exit releases; its backward then names it instead of
+        # failing on an empty storage
+        self._saved: Any = None
+        if self.params and torch.is_grad_enabled():
+            self._saved = torch.autograd.graph.saved_tensors_hooks(*_released_check(self.params))
+            self._saved.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        if self._saved is not None:
+            self._saved.__exit__(None, None, None)
         try:
             # also when the block raised, as upstream: a parameter kept whole between steps
             # (persistent) was left edited on the modifier rank alone, the ranks disagreeing
@@ -81,3 +90,36 @@ class GatheredParameters:
                 sync = getattr(p, "ds_master_sync", None)
                 if sync is not None:
                     sync()
+
+
+class _Kept:
+    """A saved gathered parameter (autograd saves an alias of it, which the release empties
+    with it): the tensor, and the parameter to look at in backward."""
+
+    def __init__(self, tensor: torch.Tensor, param: Any) -> None:
+        self.tensor = tensor
+        self.param = param
+
+
+def _released_check(params: list[Any]) -> tuple[Any, Any]:
+    by_ptr = {p.data_ptr(): p for p in params if p.numel()}
+
+    def pack(t: torch.Tensor) -> Any:
+        p = by_ptr.get(t.data_ptr())
+        return _Kept(t, p) if p is not None and t.shape == p.shape else t
+
+    def unpack(saved: Any) -> torch.Tensor:
+        if not isinstance(saved, _Kept):
+            return saved
+        p = saved.param
+        if p.numel() == 0 and p.ds_numel:
+            raise RuntimeError(
+                f"ZeRO-3 parameter {p.ds_name} (shape {tuple(p.ds_shape)}) was gathered by "
+                "deepspeed.zero.GatheredParameters for a forward whose backward ran after the "
+                "block released it: register it with deepspeed.zero.register_external_parameter"
+                "(module, param) so the engine gathers it for both passes, or run the backward "
+                "inside the block"
+            )
+        return saved.tensor
+
+    return pack, unpack

@@ -120,3 +120,12 @@ def test_init_and_gathered_parameters_at_their_edges():
         assert r["bias"] == [[5.0, 5.0, 5.0]] * 2, r["bias"]
         assert r["late_partitioned"]
         assert r["skip_init"] == (True, (13, 7))
+
+
+def test_a_parameter_gathered_for_a_forward_whose_backward_comes_later_is_named():
+    """Autograd kept the gathered weight, which the block's exit released: the backward named
+    nothing ('setStorage ... out of bounds for storage of size 0')."""
+    for r in run_ranks(runs.gathered_in_forward, 2):
+        assert r["True"] == "ran", r
+        assert "ZeRO-3 parameter other.weight" in r["False"], r
+        assert "register_external_parameter" in r["False"], r

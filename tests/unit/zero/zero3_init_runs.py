@@ -313,3 +313,39 @@ def init_edge_cases() -> dict[str, Any]:
     engine, *_ = initialize(model=skipped, config=_z3())
     out["skip_init"] = (is_zero_param(skipped.weight), tuple(skipped.weight.ds_shape))
     return out
+
+
+class _GathersInForward(torch.nn.Module):
+    """Uses a layer's weight it gathers itself (as code written for upstream does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = torch.nn.Linear(8, 16)
+        self.other = torch.nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, backward_inside: bool) -> Any:
+        from deepspeed_ext.zero.stage3 import GatheredParameters
+
+        h = self.inp(x)
+        with GatheredParameters(list(self.other.parameters())):
+            out = torch.nn.functional.linear(h, self.other.weight, self.other.bias).sum()
+            if backward_inside:
+                out.backward()
+        return out
+
+
+def gathered_in_forward() -> dict[str, str]:
+    """Its backward after the block: named, with the fix; inside the block: it runs."""
+    from deepspeed_ext.runtime.initialize import initialize
+
+    engine, *_ = initialize(model=_GathersInForward(), config=_z3())
+    out: dict[str, str] = {}
+    for inside in (True, False):
+        try:
+            loss = engine(torch.randn(2, 8), inside)
+            if not inside:
+                engine.backward(loss)
+            out[str(inside)] = "ran"
+        except RuntimeError as e:
+            out[str(inside)] = str(e)
+    return out

@@ -119,6 +119,21 @@ def test_cpu_checkpointing_refuses_an_input_changed_in_place():
     assert x0.grad.tolist() == [2.0, 4.0, 6.0]
 
 
+def test_reentrant_under_autograd_grad_is_refused_and_non_reentrant_runs():
+    """Its recompute's backward wrote every parameter's .grad under torch.autograd.grad (a
+    saliency map changed the next step by 7e-2); torch's reentrant refuses too."""
+    lin = torch.nn.Linear(4, 4)
+    x = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError, match="cannot run under torch.autograd.grad"):
+        torch.autograd.grad(ckpt.checkpoint(lin, x).pow(2).sum(), x)
+    with pytest.raises(RuntimeError, match="cannot run under torch.autograd.grad"):
+        ckpt.checkpoint(lin, x).pow(2).sum().backward(inputs=[x])
+    (gx,) = torch.autograd.grad(ckpt.non_reentrant_checkpoint(lin, x).pow(2).sum(), x)
+    (want,) = torch.autograd.grad(lin(x).pow(2).sum(), x)
+    torch.testing.assert_close(gx, want)
+    assert lin.weight.grad is None
+
+
 def _tracked_dropout() -> tuple[torch.nn.Linear, Any]:
     """A linear layer and a function drawing its dropout from the tracker's stream."""
     ckpt.model_parallel_cuda_manual_seed(5)

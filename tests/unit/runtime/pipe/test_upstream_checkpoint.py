@@ -39,9 +39,10 @@ def _engine(stages: int, groups: int = 1) -> Any:
         "gradient_clipping": 0.0,  # as the fixture was written (make.py says why)
     }
 
-    def adamw(gs: Any) -> Any:
+    def adamw(params: Any) -> Any:
+        ps = list(params)  # a flat list: no model_parameters given (upstream's call)
+        gs: Any = ps
         if groups == 2:  # weights and the rest, as Megatron groups them
-            ps = [p for g in gs for p in g["params"]]
             gs = [
                 {"params": [p for p in ps if p.dim() > 1]},
                 {"params": [p for p in ps if p.dim() < 2]},
