@@ -54,7 +54,8 @@ MODE_KEYS: dict[str, tuple[str, ...]] = {
 
 class SparseAttentionConfig(Section):
     mode: Literal["dense", "fixed", "variable", "bigbird", "bslongformer"] = "fixed"
-    block: Int = 16
+    # the kernels' block sizes: another is refused here, by name, not at initialize
+    block: Literal[16, 32, 64, 128] = 16
     different_layout_per_head: Bool = False
     num_local_blocks: Int = 4
     num_global_blocks: Int = 1

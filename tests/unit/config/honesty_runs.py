@@ -238,7 +238,7 @@ def _sparse_attention() -> None:
     from deepspeed_ext.runtime.initialize import initialize
 
     sections = [
-        {"mode": "fixed", "block": 8, "different_layout_per_head": True, "num_local_blocks": 4}
+        {"mode": "fixed", "block": 32, "different_layout_per_head": True, "num_local_blocks": 4}
         | {"num_global_blocks": 2, "attention": "unidirectional"}
         | {"horizontal_global_attention": False, "num_different_global_patterns": 2},
         {"mode": "variable", "num_random_blocks": 1, "local_window_blocks": [2]}
