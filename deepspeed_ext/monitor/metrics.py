@@ -48,6 +48,7 @@ class StepMetrics:
         sources: list[Any] | None = None,
         rank_times: Any = None,
         loss_over_ranks: Any = None,
+        monitored: bool = False,
     ) -> None:
         # (sum, count) of this rank's window losses -> the same summed over the data-parallel
         # ranks (a collective every rank reaches on print steps): the line's loss is the
@@ -66,6 +67,9 @@ class StepMetrics:
         self.every = max(1, int(every)) if every is not None else 1
         self.writers = writers
         self.rank_times = rank_times  # every rank's own window times (RankTimes), or None
+        # whether a window is closed at all: the same answer on every rank (the monitors'
+        # writers live on rank 0 only, but loss_over_ranks is a collective all must reach)
+        self.reports = self.print_line or monitored or rank_times is not None or bool(writers)
         self._last_step = 0
         self.timers = timers
         self.peak_memory = peak_memory  # callable -> bytes
@@ -115,7 +119,7 @@ class StepMetrics:
         loss_scale: float | None,
         grad_norm: float | None,
     ) -> None:
-        if not (self.print_line or self.writers or self.rank_times):
+        if not self.reports:
             self._losses, self._values = [], {}  # nobody will read them: do not hold them
             return
         if step % self.every != 0:

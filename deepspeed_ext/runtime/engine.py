@@ -206,6 +206,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             # the loss on the line is every data-parallel rank's mean (a pipeline's loss is
             # that already)
             loss_over_ranks=None if self.pipeline_parallelism else self._losses_over_ranks,
+            monitored=monitors_enabled(config),
         )
         # upstream's engine.monitor: write_events() for the user's own scalars
         self.monitor = MonitorMaster(self.metrics.writers, monitors_enabled(config))

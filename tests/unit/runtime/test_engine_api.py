@@ -190,21 +190,21 @@ def test_engine_monitor_writes_a_users_own_events(tmp_path):
     assert rows == ["step,accuracy", "10,0.5", "20,0.75"]
 
 
-def _monitored(out: str) -> list[float]:
-    """Each rank's own losses, for the line's data-parallel mean."""
+def _monitored(out: str, printed: bool = True) -> list[float]:
+    """Each rank's own losses, for the line's data-parallel mean. printed=False: a csv
+    monitor alone (its writer on rank 0 only), no steps_per_print."""
     from deepspeed_ext.comm import get_rank
     from deepspeed_ext.runtime.initialize import initialize
 
-    engine, *_ = initialize(
-        model=mlp(),
-        config={
-            "train_micro_batch_size_per_gpu": 8,
-            "steps_per_print": 2,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
-            "jsonl_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
-            "csv_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
-        },
-    )
+    config: dict = {
+        "train_micro_batch_size_per_gpu": 8,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "csv_monitor": {"enabled": True, "output_path": out, "job_name": "run"},
+    }
+    if printed:
+        config["steps_per_print"] = 2
+        config["jsonl_monitor"] = {"enabled": True, "output_path": out, "job_name": "run"}
+    engine, *_ = initialize(model=mlp(), config=config)
     losses = []
     for s in range(4):
         x, y = batch(s, get_rank())
@@ -224,6 +224,16 @@ def test_the_lines_loss_is_the_mean_over_the_data_parallel_ranks(tmp_path):
         want = sum(sum(r[window]) for r in per_rank) / 4
         assert row["loss"] == pytest.approx(want, rel=1e-6), (row, per_rank)
         assert row["loss"] != pytest.approx(sum(per_rank[0][window]) / 2, rel=1e-6)
+
+
+def test_a_monitor_on_rank_0_alone_keeps_the_ranks_in_step(tmp_path):
+    """Every rank reaches the loss's all-reduce, though only rank 0 writes (it was rank 0
+    alone: its all-reduce met the others' gradient buckets)."""
+    per_rank = run_ranks(_monitored, 2, str(tmp_path), False, timeout=120)
+    rows = (tmp_path / "run" / "Train_Samples_train_loss.csv").read_text().splitlines()[1:]
+    for step, row in enumerate(rows):
+        want = (per_rank[0][step] + per_rank[1][step]) / 2
+        assert float(row.split(",")[1]) == pytest.approx(want, rel=1e-6), (rows, per_rank)
 
 
 def test_monitors_write_the_metrics_line_values(tmp_path, capfd):
