@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from .checked import dist
-from .layout import AxisGroup, ParallelLayout, _groups_along, current
+from .layout import AxisGroup, ParallelLayout, _groups_along, axis_of, current
+from .sharded import collective_device
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class ExpertGroups:
     ep_size: int
     expert: AxisGroup  # the expert-parallel group: tokens travel over it
     expert_data: AxisGroup  # the ranks holding the same experts: gradients are summed over it
+    data_before_expert: bool = False  # which order cut them (D + E, or upstream's E + D)
 
 
 _made: dict[str, tuple[ParallelLayout, ExpertGroups]] = {}
@@ -85,6 +87,13 @@ def ensure_expert_groups(ep_size: int, data_before_expert: bool = False) -> Expe
     layout = current()
     made = _made.get(name)
     if made is not None and made[0] is layout:
+        if made[1].data_before_expert != data_before_expert:
+            raise ValueError(
+                f"the expert groups {name} were made with use_data_before_expert_parallelism="
+                f"{made[1].data_before_expert}, and are asked for with {data_before_expert}: one "
+                "layout holds one order; set it alike (the config's and "
+                "set_deepspeed_parallelism's)"
+            )
         return made[1]
     rank = dist.get_rank() if dist.is_initialized() else 0
     expert_lists, data_lists = expert_rank_lists(_data_lists(layout), ep_size, data_before_expert)
@@ -97,6 +106,7 @@ def ensure_expert_groups(ep_size: int, data_before_expert: bool = False) -> Expe
         ep_size,
         _groups_along(expert_lists, rank, make),
         _groups_along(data_lists, rank, make),
+        data_before_expert,
     )
     _made[name] = (layout, groups)
     return groups
@@ -151,10 +161,21 @@ def all_to_all(x: torch.Tensor, axis: AxisGroup) -> torch.Tensor:
     return _AllToAll.apply(axis, x)
 
 
-def max_over(value: int, axis: AxisGroup, device: torch.device) -> int:
+def max_over(value: int, axis: AxisGroup) -> int:
     """The largest of an int over the axis (the capacity every rank of it must use)."""
     if axis.size == 1:
         return value
-    t = torch.tensor([value], dtype=torch.int64, device=device)
+    t = torch.tensor([value], dtype=torch.int64, device=collective_device(axis))
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=axis.group)
     return int(t.item())
+
+
+def expert_axis(ep_group: Any) -> AxisGroup | None:
+    """The expert-parallel axis of what a gate is given: this package's ExpertGroups, or a
+    torch process group as code written for upstream passes (groups._get_expert_parallel_
+    group); None: no group (every expert on this rank)."""
+    if ep_group is None:
+        return None
+    if isinstance(ep_group, ExpertGroups):
+        return ep_group.expert
+    return axis_of(ep_group)

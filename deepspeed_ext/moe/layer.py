@@ -22,6 +22,7 @@ from deepspeed_ext.comm.expert_groups import (
     ExpertGroups,
     all_to_all,
     ensure_expert_groups,
+    expert_axis,
     group_name,
     max_over,
 )
@@ -63,6 +64,7 @@ class TopKGate(nn.Module):
             min_capacity,
             noisy_gate_policy,
             drop_policy,
+            drop_tokens,
         )
         self.wg = nn.Linear(model_dim, num_experts, bias=False)
         self.num_experts = num_experts
@@ -75,7 +77,9 @@ class TopKGate(nn.Module):
         self.use_rts = use_rts
         self.top2_2nd_expert_sampling = top2_2nd_expert_sampling
         self.drop_policy = drop_policy
-        self.ep_group: ExpertGroups | None = ep_group  # set with the layer's groups
+        # set with the layer's groups (ExpertGroups), or a torch process group as code written
+        # for upstream gives it
+        self.ep_group: Any = ep_group
         # upstream's timing attributes (ms), measured with the engine's wall_clock_breakdown
         self.wall_clock_breakdown = False
         self.gate_time = 0.0
@@ -96,10 +100,8 @@ class TopKGate(nn.Module):
                 "rule?); keep gate.wg whole (each token must see every expert)"
             )
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        groups = self.ep_group
-        agree: gating.Reduce = (
-            (lambda c: max_over(c, groups.expert, x.device)) if groups is not None else int
-        )
+        axis = expert_axis(self.ep_group)  # ExpertGroups, or upstream's process group
+        agree: gating.Reduce = (lambda c: max_over(c, axis)) if axis is not None else int
         if self.k == 1:
             noisy = self.noisy_gate_policy if self.training else None
             return gating.top1(
@@ -378,6 +380,7 @@ def _check_gate(
     min_capacity: int | float,
     noisy_gate_policy: str | None,
     drop_policy: str,
+    drop_tokens: bool = True,
 ) -> None:
     def bad(name: str, value: Any, fix: str) -> ValueError:
         return ValueError(f"MoE {name}={value!r}: {fix}")
@@ -395,6 +398,13 @@ def _check_gate(
             raise bad(name, v, "give a factor >= 0 (1.0: an even share of the tokens)")
     if isinstance(min_capacity, bool) or not isinstance(min_capacity, int) or min_capacity < 0:
         raise bad("min_capacity", min_capacity, "give a count >= 0")
+    if drop_tokens and min_capacity == 0 and 0 in (capacity_factor, eval_capacity_factor):
+        raise bad(
+            "min_capacity",
+            min_capacity,
+            "with a capacity factor of 0 every expert's capacity is 0 and every token is "
+            "dropped; give min_capacity >= 1 (a fixed capacity) or a factor above 0",
+        )
     if noisy_gate_policy not in NOISY_GATE_POLICIES:
         raise bad("noisy_gate_policy", noisy_gate_policy, "use None, 'Jitter' or 'RSample'")
     if noisy_gate_policy == "RSample" and k != 1:

@@ -1,6 +1,7 @@
 """Upstream's gating functions by their names and signatures, returning the dense
 (l_aux, combine_weights [s, e, c], dispatch_mask [s, e, c], exp_counts) of [Note: MoE routes].
-`ep_group` is an ExpertGroups (or None): without drop_tokens the capacity is agreed over it."""
+`ep_group` is an ExpertGroups, a torch process group (upstream's), or None: the capacity is
+agreed over it."""
 
 from __future__ import annotations
 
@@ -8,17 +9,16 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm.expert_groups import max_over
+from deepspeed_ext.comm.expert_groups import expert_axis, max_over
 
 from . import gating
 
 Dense = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def _agree(ep_group: Any, device: torch.device) -> gating.Reduce:
-    if ep_group is None:
-        return int
-    return lambda c: max_over(c, ep_group.expert, device)
+def _agree(ep_group: Any) -> gating.Reduce:
+    axis = expert_axis(ep_group)  # ExpertGroups, or a torch process group
+    return int if axis is None else (lambda c: max_over(c, axis))
 
 
 def _dense(r: gating.Routes) -> Dense:
@@ -45,7 +45,7 @@ def top1gating(
         noisy_gate_policy,
         drop_tokens,
         use_rts,
-        _agree(ep_group, logits.device),
+        _agree(ep_group),
     )
     return _dense(r)
 
@@ -65,7 +65,7 @@ def top2gating(
         None,
         drop_tokens,
         top2_2nd_expert_sampling,
-        _agree(ep_group, logits.device),
+        _agree(ep_group),
     )
     return _dense(r)
 
@@ -87,6 +87,6 @@ def topkgating(
         None,
         drop_tokens,
         drop_policy,
-        _agree(ep_group, logits.device),
+        _agree(ep_group),
     )
     return _dense(r)

@@ -166,6 +166,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         )
         self.loss_scaler = make_loss_scaler(config.fp16) if config.fp16.enabled else None
         self.optimizer = self._make_optimizer(optimizer)
+        if hasattr(self.optimizer, "attach_engine"):  # a 1-bit optimizer, given as an object
+            moe_setup.refuse_local_grads(self.moe_layers, type(self.optimizer).__name__)
         if self.zero_optimization_stage():
             check_zero_optimizer(self.optimizer, config, client=optimizer is not None)
             self.strategy.mixed_grads_ok = isinstance(self.optimizer, CPU_OPTIMIZERS)
@@ -514,6 +516,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                 f"enable_backward_allreduce=False needs zero_optimization.stage 0; stage "
                 f"{self.zero_optimization_stage()} reduces gradients into partitions"
             )
+        if not value:
+            moe_setup.refuse_local_grads(self.moe_layers, "enable_backward_allreduce=False")
         self.strategy.local_grads = not value
 
     @contextlib.contextmanager

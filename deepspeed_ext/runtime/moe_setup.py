@@ -68,3 +68,16 @@ def _refuse_unbuilt(config: Any, stage: int, pipeline: bool, tensor_size: int, w
             "over the data-parallel group)",
             f"use Adam, {keep}",
         )
+
+
+def refuse_local_grads(layers: list[MOELayer], what: str) -> None:
+    """Gradients left on each rank (1-bit optimizers, enable_backward_allreduce=False) with
+    experts spread over ranks: their exchange spans the data-parallel group, and the norm
+    would count no expert."""
+    if layers:
+        sizes = ", ".join(sorted({str(m.ep_size) for m in layers}))
+        raise ValueError(
+            f"{what} with MoE layers of ep_size {sizes} (experts spread over ranks): not built "
+            "yet (it keeps each rank's gradients, exchanged over the whole data-parallel "
+            "group); use Adam, or build the layers with ep_size=1"
+        )

@@ -107,7 +107,11 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
         if m.ep_group is not None and m.ep_group.expert_data.rank != 0:
             continue
         weights = {glob + k: v.detach().clone() for k, v in expert.state_dict().items()}
+        # frozen params stay in the model file (a resume needs them whatever
+        # exclude_frozen_parameters says) and are listed, so zero_to_fp32 can leave them out
         opt_state: dict[str, Any] = {"state": {}, "options": {}, "master_weights": {}}
+        frozen = [glob + k for k, p in expert.named_parameters() if not p.requires_grad]
+        opt_state["frozen"] = frozen
         for k, p in expert.named_parameters():
             master = strategy.masters.master_of.get(id(p))
             if master is None:  # frozen
@@ -136,22 +140,33 @@ def _options_by_tensor(optimizer: Any) -> dict[int, dict[str, Any]]:
     return out
 
 
-def whole_state_dict(engine: Any) -> dict[str, torch.Tensor]:
+def whole_state_dict(engine: Any, exclude_frozen: bool = False) -> dict[str, torch.Tensor]:
     """The module's state dict with every expert of every layer, globally named: experts
-    spread over ranks are gathered over their expert-parallel groups (every rank calls it;
-    the answer is whole on each rank of the first data-parallel copy)."""
+    spread over ranks are gathered over the expert-parallel group holding global rank 0 (the
+    only one whose answer is kept; its ranks call it, the others skip it)."""
     roots = tuple(_expert_prefix(p, 0)[:-2] for p, _ in layers(engine.module))
     out = {k: v for k, v in engine.module.state_dict().items() if not k.startswith(roots)}
     for path, m in layers(engine.module):
         for j, expert in enumerate(m.experts.deepspeed_experts):
+            params = dict(expert.named_parameters())
             for k, v in expert.state_dict().items():
                 if m.ep_group is None:
                     out[_expert_prefix(path, j) + k] = v
                     continue
                 axis = m.ep_group.expert
+                if 0 not in axis.ranks:  # only rank 0 keeps the answer: other groups skip it
+                    continue
                 parts = [torch.empty_like(v) for _ in range(axis.size)]
                 comm.all_gather(parts, v.contiguous(), group=axis)
+                # each rank's copy of this expert may be frozen or not: ask them all
+                p = params.get(k)
+                dev = comm.collective_device(axis)
+                mine = torch.tensor([float(p is not None and p.requires_grad)], device=dev)
+                flags = [torch.empty_like(mine) for _ in range(axis.size)]
+                comm.all_gather(flags, mine, group=axis)
                 for r, part in enumerate(parts):
+                    if exclude_frozen and p is not None and not bool(flags[r].item()):
+                        continue
                     out[_expert_prefix(path, r * m.num_local_experts + j) + k] = part
     return out
 

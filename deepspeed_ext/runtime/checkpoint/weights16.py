@@ -40,7 +40,7 @@ def consolidated_state_dict(
     sliced = getattr(engine, "autotp", None) is not None and engine.layout.data.rank == 0
     sd = tp.full_state_dict(engine.module, engine.layout.tensor) if sliced else None
     if experts.spread(engine):  # MoE experts on other ranks: gathered, named globally
-        sd = experts.whole_state_dict(engine)
+        sd = experts.whole_state_dict(engine, exclude_frozen_parameters)
     if comm.get_rank() != 0:
         return None
     sd = sd if sd is not None else engine.module.state_dict()

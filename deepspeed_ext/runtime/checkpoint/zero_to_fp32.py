@@ -182,9 +182,10 @@ def _iter_expert_files(
     for li, (_, num_experts) in enumerate(moe["layers"]):
         for g in range(num_experts):
             model_file, optim_file = layout.expert_file_names(li, g)
-            masters = _load_mmap(d / optim_file)["master_weights"]
+            held = _load_mmap(d / optim_file)
+            masters, frozen_here = held["master_weights"], set(held.get("frozen", ()))
             for name, t in _load_mmap(d / model_file).items():
-                if not (exclude_frozen and name in frozen):
+                if not (exclude_frozen and (name in frozen or name in frozen_here)):
                     yield name, _lazy(masters.get(name, t))
 
 

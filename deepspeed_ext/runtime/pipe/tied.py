@@ -37,6 +37,7 @@ class TiedWeights:
                 if s not in owners.setdefault(layer.key, []):
                     owners[layer.key].append(s)
         self._entries: list[tuple[str, list[torch.nn.Parameter], AxisGroup]] = []
+        self._source: dict[str, int] = {}  # key -> group rank of its first layer's stage
         for key in sorted(owners):  # every rank makes the same groups in the same order
             # the stage of the key's first layer first: its copy is the one a plain model
             # builds (under seed_layers, with that layer's seed), so the others take its
@@ -47,10 +48,12 @@ class TiedWeights:
                 coord = topo.get_coord(r)
                 if coord.pipe != stages[0]:
                     continue
-                ranks = [topo.get_rank(**coord._replace(pipe=s)._asdict()) for s in stages]
+                by_stage = [topo.get_rank(**coord._replace(pipe=s)._asdict()) for s in stages]
+                ranks = sorted(by_stage)  # group-rank order, as torch's group numbers them
                 group = comm.new_group(ranks) if len(ranks) > 1 else None
                 if me in ranks:
                     mine = AxisGroup(group, tuple(ranks), ranks.index(me))
+                    self._source[key] = ranks.index(by_stage[0])
             if key not in module.tied_modules:
                 continue
             assert mine is not None
@@ -65,9 +68,9 @@ class TiedWeights:
         """Every stage's copy of a tied weight set to the first holding stage's (as built,
         and after weights were loaded by hand: upstream's _synchronize_tied_weights)."""
         with torch.no_grad():
-            for _, params, group in self._entries:
+            for key, params, group in self._entries:
                 for p in params:
-                    comm.group_broadcast(p.data, group)
+                    comm.group_broadcast(p.data, group, self._source[key])
 
     def entries(self) -> list[tuple[str, list[torch.nn.Parameter], AxisGroup]]:
         """(key, params, tie group) for each tied key this stage holds, in key order."""

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from deepspeed_ext.comm import group_broadcast
 
@@ -105,6 +106,8 @@ def _released_check(params: list[Any]) -> tuple[Any, Any]:
     by_ptr = {p.data_ptr(): p for p in params if p.numel()}
 
     def pack(t: torch.Tensor) -> Any:
+        if t.layout is not torch.strided or t.is_meta or isinstance(t, FakeTensor):
+            return t  # no storage to match (sparse, meta, traced)
         p = by_ptr.get(t.data_ptr())
         return _Kept(t, p) if p is not None and t.shape == p.shape else t
 

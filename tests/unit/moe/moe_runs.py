@@ -143,18 +143,45 @@ def refused(stage: int) -> str:
     return "accepted"
 
 
-def accessors_after_another_engine() -> int:
-    """Upstream's accessors still answer for an engine's groups after another initialize."""
+def accessors_after_another_engine() -> dict[str, Any]:
+    """Upstream's accessors still answer for an engine's groups after another initialize;
+    a gate given upstream's torch process group agrees its capacity over it; the groups'
+    order cannot change under a layout; what keeps gradients on each rank is refused."""
     import deepspeed
+    from deepspeed.moe.sharded_moe import top1gating
     from deepspeed.utils import groups
+    from deepspeed_ext import comm
+    from deepspeed_ext.comm.expert_groups import ensure_expert_groups
+    from deepspeed_ext.runtime.onebit import OnebitAdam
 
     config = {
         "train_micro_batch_size_per_gpu": MICRO,
         "optimizer": {"type": "SGD", "params": {"lr": LR}},
     }
-    deepspeed.initialize(model=Net(2, 1), config=config)
+    first, *_ = deepspeed.initialize(model=Net(2, 1), config=config)
+    out: dict[str, Any] = {}
+    try:
+        first.enable_backward_allreduce = False
+    except ValueError as e:
+        out["local"] = str(e)
+    try:
+        ensure_expert_groups(2, data_before_expert=True)
+    except ValueError as e:
+        out["order"] = str(e)
+    net = Net(2, 1)
+    try:
+        plain = {"train_micro_batch_size_per_gpu": MICRO}
+        deepspeed.initialize(model=net, optimizer=OnebitAdam(net.parameters()), config=plain)
+    except ValueError as e:
+        out["onebit"] = str(e)
     deepspeed.initialize(model=nn.Linear(2, 2), config=config)
-    return groups._get_expert_parallel_world_size("ep_size_2")
+    out["size"] = groups._get_expert_parallel_world_size("ep_size_2")
+    pg = groups._get_expert_parallel_group("ep_size_2")
+    logits = torch.zeros(4 + 2 * comm.get_rank(), 2)
+    logits[:, 0] = 1.0  # every token on expert 0: 4 tokens on rank 0, 6 on rank 1
+    _, combine, _, _ = top1gating(logits, 1.0, 1, drop_tokens=False, ep_group=pg)
+    out["capacity"] = combine.shape[-1]
+    return out
 
 
 def _config(precision: str) -> dict[str, Any]:
@@ -245,3 +272,37 @@ def resume(ep_save: int, ep_load: int, k: int, precision: str, where: str) -> di
         out["16bit"] = {n: t.float() for n, t in torch.load(f"{where}/model16.pt").items()}
     comm.barrier()
     return out
+
+
+def frozen_export(where: str) -> dict[str, Any]:
+    """Global expert 3 (rank 1's second) frozen: left out of the 16-bit export and of
+    zero_to_fp32 when frozen parameters are excluded."""
+    from deepspeed_ext import comm
+    from deepspeed_ext.runtime.checkpoint.zero_to_fp32 import (
+        get_fp32_state_dict_from_zero_checkpoint,
+    )
+
+    comm.init_distributed()
+    net = Net(2, 1)
+    if comm.get_rank() == 1:
+        for p in net.moe.deepspeed_moe.experts.deepspeed_experts[1].parameters():
+            p.requires_grad_(False)
+    engine = _engine_of(net)
+    _steps(engine, range(1))
+    engine.save_checkpoint(where, tag="t", exclude_frozen_parameters=True)
+    engine.save_16bit_model(where, "w16.pt", exclude_frozen_parameters=True)
+    out: dict[str, Any] = {}
+    if comm.get_rank() == 0:
+        out["16bit"] = sorted(torch.load(f"{where}/w16.pt"))
+        out["fp32"] = sorted(
+            get_fp32_state_dict_from_zero_checkpoint(where, tag="t", exclude_frozen_parameters=True)
+        )
+    comm.barrier()
+    return out
+
+
+def _engine_of(net: nn.Module) -> Any:
+    import deepspeed
+
+    engine, *_ = deepspeed.initialize(model=net, config=_config("fp32"))
+    return engine

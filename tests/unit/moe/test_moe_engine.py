@@ -37,8 +37,13 @@ def test_four_ranks_two_copies_of_each_expert_match_one_process() -> None:
     _check(outs, moe_runs.reference(4, 2))
 
 
-def test_expert_group_accessors_answer_after_another_initialize() -> None:
-    assert run_ranks(moe_runs.accessors_after_another_engine, 2, timeout=120) == [2, 2]
+def test_expert_groups_for_code_written_for_upstream() -> None:
+    for out in run_ranks(moe_runs.accessors_after_another_engine, 2, timeout=120):
+        assert out["size"] == 2  # still answered after another engine's initialize
+        assert out["capacity"] == 6  # agreed over upstream's process group: both ranks' max
+        assert "use_data_before_expert_parallelism=False" in out["order"], out
+        assert "enable_backward_allreduce=False" in out["local"], out
+        assert "OnebitAdam" in out["onebit"] and "ep_size 2" in out["onebit"], out
 
 
 def test_what_spread_experts_do_not_run_with_yet_is_refused_by_name() -> None:
@@ -87,3 +92,12 @@ def test_checkpoints_resume_at_another_ep_size_and_consolidate(
     if precision == "fp32":
         for n, t in moe_runs.reference(2, 2, steps=2)["state"].items():
             torch.testing.assert_close(fp32[n], t, rtol=1e-4, atol=1e-5, msg=n)
+
+
+def test_frozen_experts_on_other_ranks_are_left_out_when_asked(tmp_path) -> None:
+    out = run_ranks(moe_runs.frozen_export, 2, str(tmp_path), timeout=120)[0]
+    expert = "moe.deepspeed_moe.experts.deepspeed_experts."
+    for kind in ("16bit", "fp32"):
+        kept = {n[len(expert) :].split(".")[0] for n in out[kind] if n.startswith(expert)}
+        assert kept == {"0", "1", "2"}, (kind, out[kind])  # 3 was frozen on rank 1
+        assert "inp.weight" in out[kind]

@@ -203,6 +203,7 @@ def test_upstream_dense_gating_outputs_are_consistent(k: int):
         ({"noisy_gate_policy": "RSample", "k": 2}, "top2_2nd_expert_sampling"),
         ({"capacity_factor": -1.0}, "capacity_factor=-1.0"),
         ({"min_capacity": 2.5}, "min_capacity=2.5"),
+        ({"capacity_factor": 0.0, "min_capacity": 0}, "every token is dropped"),
         ({"enable_expert_tensor_parallelism": True}, "enable_expert_tensor_parallelism"),
     ],
 )
