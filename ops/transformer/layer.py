@@ -61,6 +61,12 @@ def _additive_mask(mask: torch.Tensor, b: int, s: int) -> torch.Tensor:
     (a tokenizer's 0/1 attention_mask) say which keys to attend, as BertSparseSelfAttention
     reads them: added as 0/1 they masked nothing."""
     if not mask.is_floating_point():
+        if mask.dtype != torch.bool and bool(((mask != 0) & (mask != 1)).any()):
+            raise ValueError(
+                "DeepSpeedTransformerLayer: an integer attention_mask holds values other than "
+                "0 and 1; integer masks say which keys to attend (1) or not (0): give an "
+                "additive mask as a floating tensor (e.g. mask.float())"
+            )
         keep = mask.bool() if mask.dtype != torch.bool else mask
         mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~keep, float("-inf"))
     m = mask.float()

@@ -115,6 +115,9 @@ def test_a_tokenizers_0_1_mask_masks_the_padded_keys(dtype):
     additive = torch.zeros(B, 1, 1, S).masked_fill(keep[:, None, None, :] == 0, float("-inf"))
     with torch.no_grad():
         torch.testing.assert_close(layer(x, keep.to(dtype)), layer(x, additive))
+    if dtype != torch.bool:  # an integer additive mask (0 / -10000) is not read as 0/1
+        with pytest.raises(ValueError, match="values other than 0 and 1"):
+            layer(x, (keep - 1).to(dtype) * 10000)
 
 
 @pytest.mark.parametrize("pre_ln", [True, False], ids=["pre_ln", "post_ln"])
