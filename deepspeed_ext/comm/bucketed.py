@@ -52,21 +52,20 @@ class GradBuckets:
         self._members: list[list[torch.Tensor]] = []
         # [bucket] -> the expert groups its params are reduced over; None: the data group
         self.experts: list[ExpertGroups | None] = []
-        open_: dict[str, tuple[list[torch.Tensor], int]] = {}  # by expert group name ("")
-        groups: dict[str, ExpertGroups | None] = {"": None}
+        # open buckets by expert group name ("": dense), each with its groups
+        open_: dict[str, tuple[ExpertGroups | None, list[torch.Tensor], int]] = {}
         for p in reversed(params):
             eg = expert_groups_of(p)
             key = eg.name if eg is not None else ""
-            groups[key] = eg
-            current, size = open_.pop(key, ([], 0))
+            _, current, size = open_.pop(key, (eg, [], 0))
             current.append(p)
             size += p.numel()
             if size >= bucket_numel:
                 self._add_bucket(current, size, dtype, eg)
             else:
-                open_[key] = (current, size)
-        for key, (current, size) in open_.items():  # an order every rank shares (same params)
-            self._add_bucket(current, size, dtype, groups[key])
+                open_[key] = (eg, current, size)
+        for eg, current, size in open_.values():  # an order every rank shares (same params)
+            self._add_bucket(current, size, dtype, eg)
         self._pending: list[int] = [0] * len(self.buffers)
         self._next = len(self.buffers)  # next bucket to launch; all launched until start()
         self._works: list[Any] = []

@@ -21,6 +21,7 @@ as a dense parameter's does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,13 +130,21 @@ def expert_groups_made() -> dict[str, ExpertGroups]:
     return {n: g for n, (_, g) in _made.items()}
 
 
+def by_expert_groups(
+    pairs: Iterable[tuple[ExpertGroups | None, torch.Tensor]],
+) -> list[tuple[ExpertGroups, list[torch.Tensor]]]:
+    """Tensors of spread experts, by their groups in first-seen order (None: dense, left out);
+    the same order on every rank, which holds the same layers."""
+    out: dict[str, tuple[ExpertGroups, list[torch.Tensor]]] = {}
+    for groups, t in pairs:
+        if groups is not None:
+            out.setdefault(groups.name, (groups, []))[1].append(t)
+    return list(out.values())
+
+
 def expert_buffers(buckets: Any) -> list[tuple[ExpertGroups, list[torch.Tensor]]]:
     """A GradBuckets' expert buckets, by their groups (in bucket order)."""
-    out: dict[str, tuple[ExpertGroups, list[torch.Tensor]]] = {}
-    for buf, groups in zip(buckets.buffers, buckets.experts):
-        if groups is not None:
-            out.setdefault(groups.name, (groups, []))[1].append(buf)
-    return list(out.values())
+    return by_expert_groups(zip(buckets.experts, buckets.buffers))
 
 
 class _AllToAll(torch.autograd.Function):

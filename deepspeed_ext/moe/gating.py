@@ -28,7 +28,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from deepspeed_ext.comm.expert_groups import expert_axis, max_over
+
 Reduce = Callable[[int], int]  # the capacity agreed over the expert-parallel group
+Dense = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 _EPS = torch.finfo(torch.float32).eps  # a floor for the kept gates' sum (gates are fp32)
 
 
@@ -41,6 +44,13 @@ class Routes:
     slots: torch.Tensor  # [k, s] int64: position in that expert's buffer (0 where dropped)
     weights: torch.Tensor  # [k, s] float32: combine weight (0 where dropped)
     exp_counts: torch.Tensor  # [e] int64: tokens choosing each expert, before capacity
+
+
+def agreement(ep_group: Any) -> Reduce:
+    """How a capacity is agreed over what a gate is given: this package's ExpertGroups, a
+    torch process group (upstream's), or None (every expert on this rank: as it is)."""
+    axis = expert_axis(ep_group)
+    return int if axis is None else (lambda c: max_over(c, axis))
 
 
 def capacity_of(num_tokens: int, num_experts: int, factor: float, min_capacity: int) -> int:
@@ -233,3 +243,9 @@ def dense_weights(routes: Routes) -> tuple[torch.Tensor, torch.Tensor]:
     weights = weights.scatter_add(1, flat_slots(routes).t(), routes.weights.t())
     combine_weights = weights[:, : e * c].view(s, e, c)
     return combine_weights, combine_weights.bool()
+
+
+def dense_form(routes: Routes) -> Dense:
+    """Upstream's gating return: (l_aux, combine_weights, dispatch_mask, exp_counts)."""
+    combine_weights, dispatch_mask = dense_weights(routes)
+    return routes.l_aux, combine_weights, dispatch_mask, routes.exp_counts

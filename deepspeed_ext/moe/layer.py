@@ -22,9 +22,7 @@ from deepspeed_ext.comm.expert_groups import (
     ExpertGroups,
     all_to_all,
     ensure_expert_groups,
-    expert_axis,
     group_name,
-    max_over,
 )
 
 from . import gating
@@ -100,8 +98,7 @@ class TopKGate(nn.Module):
                 "rule?); keep gate.wg whole (each token must see every expert)"
             )
         factor = self.capacity_factor if self.training else self.eval_capacity_factor
-        axis = expert_axis(self.ep_group)  # ExpertGroups, or upstream's process group
-        agree: gating.Reduce = (lambda c: max_over(c, axis)) if axis is not None else int
+        agree = gating.agreement(self.ep_group)
         if self.k == 1:
             noisy = self.noisy_gate_policy if self.training else None
             return gating.top1(
@@ -146,7 +143,7 @@ class TopKGate(nn.Module):
         sparse_routes (l_aux, capacity, num_experts, experts [k, s] int32 (-1: dropped),
         slots [k, s] int32, weights [k, s], exp_counts). use_tutel changes nothing: routes
         are always dispatched by index ([Note: MoE routes])."""
-        start = time.perf_counter()
+        clock = _Clock(self.wall_clock_breakdown)
         r = self.routes(input, used_token)
         if sparse_routes:
             out: tuple[Any, ...] = (
@@ -159,10 +156,9 @@ class TopKGate(nn.Module):
                 r.exp_counts,
             )
         else:
-            combine_weights, dispatch_mask = gating.dense_weights(r)
-            out = (r.l_aux, combine_weights, dispatch_mask, r.exp_counts)
-        if self.wall_clock_breakdown:
-            self.gate_time = (time.perf_counter() - start) * 1000.0
+            out = gating.dense_form(r)
+        if clock.on:
+            self.gate_time = clock.total()
         return out
 
 

@@ -9,21 +9,7 @@ from typing import Any
 
 import torch
 
-from deepspeed_ext.comm.expert_groups import expert_axis, max_over
-
 from . import gating
-
-Dense = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-def _agree(ep_group: Any) -> gating.Reduce:
-    axis = expert_axis(ep_group)  # ExpertGroups, or a torch process group
-    return int if axis is None else (lambda c: max_over(c, axis))
-
-
-def _dense(r: gating.Routes) -> Dense:
-    combine_weights, dispatch_mask = gating.dense_weights(r)
-    return r.l_aux, combine_weights, dispatch_mask, r.exp_counts
 
 
 def top1gating(
@@ -36,7 +22,7 @@ def top1gating(
     use_rts: bool = True,
     ep_group: Any = None,
     use_tutel: bool = False,
-) -> Dense:
+) -> gating.Dense:
     r = gating.top1(
         logits,
         capacity_factor,
@@ -45,9 +31,9 @@ def top1gating(
         noisy_gate_policy,
         drop_tokens,
         use_rts,
-        _agree(ep_group),
+        gating.agreement(ep_group),
     )
-    return _dense(r)
+    return gating.dense_form(r)
 
 
 def top2gating(
@@ -57,7 +43,7 @@ def top2gating(
     drop_tokens: bool = True,
     ep_group: Any = None,
     top2_2nd_expert_sampling: bool = True,
-) -> Dense:
+) -> gating.Dense:
     r = gating.top2(
         logits,
         capacity_factor,
@@ -65,9 +51,9 @@ def top2gating(
         None,
         drop_tokens,
         top2_2nd_expert_sampling,
-        _agree(ep_group),
+        gating.agreement(ep_group),
     )
-    return _dense(r)
+    return gating.dense_form(r)
 
 
 def topkgating(
@@ -78,7 +64,7 @@ def topkgating(
     drop_tokens: bool = True,
     ep_group: Any = None,
     drop_policy: str = "probs",
-) -> Dense:
+) -> gating.Dense:
     r = gating.topk(
         logits,
         k,
@@ -87,6 +73,6 @@ def topkgating(
         None,
         drop_tokens,
         drop_policy,
-        _agree(ep_group),
+        gating.agreement(ep_group),
     )
-    return _dense(r)
+    return gating.dense_form(r)

@@ -19,7 +19,7 @@ import torch
 from deepspeed_ext import comm
 from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm import layout as parallel_layout
-from deepspeed_ext.comm.expert_groups import expert_groups_of
+from deepspeed_ext.comm.expert_groups import by_expert_groups, expert_groups_of
 from deepspeed_ext.monitor import (
     MemoryBreakdown,
     MonitorMaster,
@@ -266,12 +266,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
                 t.data for t in every if not hasattr(t, "ds_id") and expert_groups_of(t) is None
             ]
             comm.group_broadcast_many(plain, self.layout.data)
-            spread: dict[str, tuple[Any, list[torch.Tensor]]] = {}
-            for p in self.module.parameters():
-                groups = expert_groups_of(p)
-                if groups is not None:
-                    spread.setdefault(groups.name, (groups, []))[1].append(p.data)
-            for groups, tensors in spread.values():
+            spread = ((expert_groups_of(p), p.data) for p in self.module.parameters())
+            for groups, tensors in by_expert_groups(spread):
                 comm.group_broadcast_many(tensors, groups.expert_data)
 
     def _model_param_groups(self, client: Any, model_parameters: Any) -> list[dict[str, Any]]:

@@ -13,8 +13,6 @@ from deepspeed_ext.comm.expert_groups import ensure_expert_groups
 from deepspeed_ext.moe.layer import MOELayer
 from deepspeed_ext.utils.logging import logger
 
-_ONEBIT = ("onebitadam", "zerooneadam", "onebitlamb")
-
 
 def spread_layers(module: torch.nn.Module) -> list[MOELayer]:
     """The model's MoE layers with experts on several ranks."""
@@ -61,13 +59,8 @@ def _refuse_unbuilt(config: Any, stage: int, pipeline: bool, tensor_size: int, w
         raise refuse(f"tensor parallelism (size {tensor_size})", f"use tensor size 1, {keep}")
     if config.gradient_compression is not None:
         raise refuse("gradient_compression", f"remove the gradient_compression section, {keep}")
-    opt = config.optimizer
-    if opt is not None and str(opt.type or "").lower() in _ONEBIT:
-        raise refuse(
-            f'the 1-bit optimizer "{opt.type}" (its momentum exchange covers every parameter '
-            "over the data-parallel group)",
-            f"use Adam, {keep}",
-        )
+    # a 1-bit optimizer, from the config or given as an object, is refused once built
+    # (refuse_local_grads)
 
 
 def refuse_local_grads(layers: list[MOELayer], what: str) -> None:

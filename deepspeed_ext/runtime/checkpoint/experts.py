@@ -18,6 +18,7 @@ files (or from the module state of a checkpoint whose experts were all local).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,33 +47,47 @@ def applies(engine: Any) -> bool:
 
 
 def spread(engine: Any) -> bool:
-    return any(m.ep_size > 1 for _, m in layers(engine.module))
+    """Experts on several ranks: the engine's spread layers (runtime/moe_setup.py)."""
+    return bool(engine.moe_layers)
 
 
-def _expert_prefix(path: str, j: int) -> str:
-    return f"{path}.experts.deepspeed_experts.{j}." if path else f"experts.deepspeed_experts.{j}."
+def _experts_root(path: str) -> str:
+    """Where a layer's experts' state names start (each then its index and a dot)."""
+    return f"{path}.experts.deepspeed_experts." if path else "experts.deepspeed_experts."
 
 
-def _ep_rank(m: MOELayer) -> int:
-    return m.ep_group.expert.rank if m.ep_group is not None else 0
+def _expert_roots(module: torch.nn.Module) -> tuple[str, ...]:
+    return tuple(_experts_root(p) for p, _ in layers(module))
 
 
-def local_experts(module: torch.nn.Module) -> list[tuple[int, int, str, str, torch.nn.Module]]:
-    """(layer index, global expert, local prefix, global prefix, expert) of this rank."""
+@dataclass(frozen=True)
+class LocalExpert:
+    layer_index: int  # among the model's MoE layers, in module order (the file names' L)
+    layer: MOELayer
+    index: int  # global expert index (the file names' g)
+    local: str  # its state names' prefix on this rank
+    glob: str  # ... in a checkpoint: the global index in place of the local one
+    module: torch.nn.Module
+
+
+def local_experts(module: torch.nn.Module) -> list[LocalExpert]:
+    """This rank's experts, each with its global index and both name prefixes."""
     out = []
     for li, (path, m) in enumerate(layers(module)):
+        ep_rank = m.ep_group.expert.rank if m.ep_group is not None else 0
+        root = _experts_root(path)
         for j, expert in enumerate(m.experts.deepspeed_experts):
-            g = _ep_rank(m) * m.num_local_experts + j
-            out.append((li, g, _expert_prefix(path, j), _expert_prefix(path, g), expert))
+            g = ep_rank * m.num_local_experts + j
+            out.append(LocalExpert(li, m, g, f"{root}{j}.", f"{root}{g}.", expert))
     return out
 
 
 def global_names(module: torch.nn.Module) -> dict[str, str]:
     """This rank's local expert state names -> their global names."""
     out = {}
-    for _, _, local, glob, expert in local_experts(module):
-        for k in expert.state_dict(keep_vars=True):
-            out[local + k] = glob + k
+    for x in local_experts(module):
+        for k in x.module.state_dict(keep_vars=True):
+            out[x.local + k] = x.glob + k
     return out
 
 
@@ -102,8 +117,8 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
     strategy = engine.strategy
     optimizer = engine.optimizer
     options = _options_by_tensor(optimizer)
-    for li, g, _, glob, expert in local_experts(engine.module):
-        m = layers(engine.module)[li][1]
+    for x in local_experts(engine.module):
+        m, glob, expert = x.layer, x.glob, x.module
         if m.ep_group is not None and m.ep_group.expert_data.rank != 0:
             continue
         weights = {glob + k: v.detach().clone() for k, v in expert.state_dict().items()}
@@ -124,7 +139,7 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
                     s: (v.detach().clone() if torch.is_tensor(v) else v) for s, v in held.items()
                 }
                 opt_state["options"][name] = options.get(id(master), {})
-        model_file, optim_file = expert_file_names(li, g, mp_rank)
+        model_file, optim_file = expert_file_names(x.layer_index, x.index, mp_rank)
         torch.save(weights, tmp / model_file)
         torch.save(opt_state, tmp / optim_file)
 
@@ -144,14 +159,15 @@ def whole_state_dict(engine: Any, exclude_frozen: bool = False) -> dict[str, tor
     """The module's state dict with every expert of every layer, globally named: experts
     spread over ranks are gathered over the expert-parallel group holding global rank 0 (the
     only one whose answer is kept; its ranks call it, the others skip it)."""
-    roots = tuple(_expert_prefix(p, 0)[:-2] for p, _ in layers(engine.module))
+    roots = _expert_roots(engine.module)
     out = {k: v for k, v in engine.module.state_dict().items() if not k.startswith(roots)}
     for path, m in layers(engine.module):
+        root = _experts_root(path)
         for j, expert in enumerate(m.experts.deepspeed_experts):
             params = dict(expert.named_parameters())
             for k, v in expert.state_dict().items():
                 if m.ep_group is None:
-                    out[_expert_prefix(path, j) + k] = v
+                    out[f"{root}{j}.{k}"] = v
                     continue
                 axis = m.ep_group.expert
                 if 0 not in axis.ranks:  # only rank 0 keeps the answer: other groups skip it
@@ -167,7 +183,7 @@ def whole_state_dict(engine: Any, exclude_frozen: bool = False) -> dict[str, tor
                 for r, part in enumerate(parts):
                     if exclude_frozen and p is not None and not bool(flags[r].item()):
                         continue
-                    out[_expert_prefix(path, r * m.num_local_experts + j) + k] = part
+                    out[f"{root}{r * m.num_local_experts + j}.{k}"] = part
     return out
 
 
@@ -178,7 +194,7 @@ def localize_module(engine: Any, ckpt_dir: Path, state: dict[str, Any]) -> dict[
     info = _check(engine, ckpt_dir, state)
     if info is None:
         return state
-    roots = tuple(_expert_prefix(p, 0)[:-2] for p, _ in layers(engine.module))
+    roots = _expert_roots(engine.module)
 
     def dense(d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in d.items() if not k.startswith(roots)}
@@ -187,14 +203,15 @@ def localize_module(engine: Any, ckpt_dir: Path, state: dict[str, Any]) -> dict[
     module = dense(state["module"])
     masters = dense(saved_masters) if saved_masters else None
     mp_rank = engine.layout.model.rank
-    for li, g, local, glob, expert in local_experts(engine.module):
+    for x in local_experts(engine.module):
+        local, glob = x.local, x.glob
         if info["expert_files"]:
-            model_file, optim_file = expert_file_names(li, g, mp_rank)
+            model_file, optim_file = expert_file_names(x.layer_index, x.index, mp_rank)
             weights = _read(ckpt_dir / model_file)
             held = _read(ckpt_dir / optim_file)["master_weights"] if masters is not None else {}
         else:  # every expert was local when saved: global names in the module state
             weights, held = state["module"], saved_masters or {}
-        for k in expert.state_dict(keep_vars=True):
+        for k in x.module.state_dict(keep_vars=True):
             if glob + k in weights:
                 module[local + k] = weights[glob + k]
             if masters is not None and glob + k in held:
@@ -216,13 +233,13 @@ def load_optimizer(engine: Any, files: Any, state: dict[str, Any]) -> None:
     names = global_names(engine.module)
     # `state` holds this rank's experts under local names (localize_module): named globally
     # they are what the saved param names ask for (an fp32 model's masters are its weights)
-    weights = {names.get(k, k): v for k, v in state["module"].items()}
+    weights = _globalised(state["module"], names)
     saved = {**state, "master_weights": _globalised(state.get("master_weights"), names)}
     named = from_stage0(saved, info["param_names"], weights, skip_missing=True)
     if info["expert_files"]:
         mp_rank = engine.layout.model.rank
-        for li, g, _, _, _ in local_experts(engine.module):
-            held = _read(ckpt_dir / expert_file_names(li, g, mp_rank)[1])
+        for x in local_experts(engine.module):
+            held = _read(ckpt_dir / expert_file_names(x.layer_index, x.index, mp_rank)[1])
             for name, master in held["master_weights"].items():
                 named.masters[name] = master.float().reshape(-1)
                 named.options[name] = held["options"].get(name, {})
@@ -244,10 +261,11 @@ def load_optimizer(engine: Any, files: Any, state: dict[str, Any]) -> None:
         strategy.masters.copy_to_model()
 
 
-def _globalised(masters: dict[str, Any] | None, names: dict[str, str]) -> dict[str, Any] | None:
-    if not masters:
-        return masters
-    return {names.get(k, k): v for k, v in masters.items()}
+def _globalised(d: Any, names: dict[str, str]) -> Any:
+    """A state dict (or None) with this rank's expert names made global."""
+    if not d:
+        return d
+    return {names.get(k, k): v for k, v in d.items()}
 
 
 def _check(engine: Any, ckpt_dir: Path, state: dict[str, Any]) -> dict[str, Any] | None:

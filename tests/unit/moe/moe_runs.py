@@ -174,6 +174,11 @@ def accessors_after_another_engine() -> dict[str, Any]:
         deepspeed.initialize(model=net, optimizer=OnebitAdam(net.parameters()), config=plain)
     except ValueError as e:
         out["onebit"] = str(e)
+    onebit = {"type": "OneBitAdam", "params": {"lr": LR, "freeze_step": 2}}
+    try:  # the same optimizer from the config
+        deepspeed.initialize(model=Net(2, 1), config={**plain, "optimizer": onebit})
+    except ValueError as e:
+        out["onebit_config"] = str(e)
     deepspeed.initialize(model=nn.Linear(2, 2), config=config)
     out["size"] = groups._get_expert_parallel_world_size("ep_size_2")
     pg = groups._get_expert_parallel_group("ep_size_2")

@@ -44,6 +44,7 @@ def test_expert_groups_for_code_written_for_upstream() -> None:
         assert "use_data_before_expert_parallelism=False" in out["order"], out
         assert "enable_backward_allreduce=False" in out["local"], out
         assert "OnebitAdam" in out["onebit"] and "ep_size 2" in out["onebit"], out
+        assert "OnebitAdam" in out["onebit_config"] and "ep_size 2" in out["onebit_config"]
 
 
 def test_what_spread_experts_do_not_run_with_yet_is_refused_by_name() -> None:
