@@ -2,6 +2,7 @@
 
     python examples/train_moe.py                       # 2 CPU ranks, ep_size 2
     deepspeed --num_gpus 4 examples/train_moe.py --ep-size 2   # each expert on 2 ranks
+    deepspeed --num_gpus 4 examples/train_moe.py --ep-size 2 --zero-stage 2  # ... partitioned
 
 Each block's feed-forward is `deepspeed.moe.layer.MoE` with `--experts` experts and top-2
 gating; with `--ep-size` E each rank holds experts/E of them and tokens travel to their
@@ -73,6 +74,7 @@ def main() -> None:
     ap.add_argument("--experts", type=int, default=4)
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--micro-batch", type=int, default=8)
+    ap.add_argument("--zero-stage", type=int, default=0, choices=(0, 1, 2))
     ap.add_argument("--out", default="examples/out/moe")
     ap.add_argument("--local_rank", type=int, default=0, help="set by the launcher")
     args = ap.parse_args()
@@ -92,6 +94,7 @@ def main() -> None:
         "gradient_clipping": 1.0,
         "steps_per_print": 20,
         "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+        "zero_optimization": {"stage": args.zero_stage},
     }
     engine, *_ = deepspeed.initialize(model=build(cfg, args.experts, args.ep_size), config=config)
     gen = torch.Generator().manual_seed(1000 + engine.dp_rank)  # each data rank its own data
@@ -119,7 +122,8 @@ def main() -> None:
         assert whole.keys() == local.keys(), "the consolidated model is not the ep_size-1 one"
         print(
             f"MoE GPT, {args.experts} experts a block over ep_size {args.ep_size} "
-            f"({engine.dp_world_size} ranks): held-out loss {first:.3f} -> {last:.3f}; "
+            f"({engine.dp_world_size} ranks, ZeRO stage {args.zero_stage}): "
+            f"held-out loss {first:.3f} -> {last:.3f}; "
             f"checkpoint in {args.out}, consolidated to {len(whole)} tensors"
         )
 

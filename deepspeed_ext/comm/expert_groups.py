@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -40,6 +40,8 @@ class ExpertGroups:
     expert_data: AxisGroup  # the ranks holding the same experts: gradients are summed over it
     data_before_expert: bool = False  # which order cut them (D + E, or upstream's E + D)
 
+
+T = TypeVar("T")
 
 _made: dict[str, tuple[ParallelLayout, ExpertGroups]] = {}
 
@@ -131,11 +133,11 @@ def expert_groups_made() -> dict[str, ExpertGroups]:
 
 
 def by_expert_groups(
-    pairs: Iterable[tuple[ExpertGroups | None, torch.Tensor]],
-) -> list[tuple[ExpertGroups, list[torch.Tensor]]]:
-    """Tensors of spread experts, by their groups in first-seen order (None: dense, left out);
-    the same order on every rank, which holds the same layers."""
-    out: dict[str, tuple[ExpertGroups, list[torch.Tensor]]] = {}
+    pairs: Iterable[tuple[ExpertGroups | None, T]],
+) -> list[tuple[ExpertGroups, list[T]]]:
+    """Tensors (or anything) of spread experts, by their groups in first-seen order (None:
+    dense, left out); the same order on every rank, which holds the same layers."""
+    out: dict[str, tuple[ExpertGroups, list[T]]] = {}
     for groups, t in pairs:
         if groups is not None:
             out.setdefault(groups.name, (groups, []))[1].append(t)

@@ -623,7 +623,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         if saved is not None:  # saved at another tensor-parallel size
             ckpt.tensor_slices.load_optimizer(self, files.where, saved, ckpt.RankFileReader)
             return
-        if state.get("moe") is not None and ckpt.experts.applies(self):
+        if state.get("moe") is not None and ckpt.experts.loads(self):
             ckpt.experts.load_optimizer(self, files, state)  # by name: any ep_size
             return
         self.strategy.load_optimizer_state(self.optimizer, state, files)

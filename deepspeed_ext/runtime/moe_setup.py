@@ -49,9 +49,10 @@ def _refuse_unbuilt(config: Any, stage: int, pipeline: bool, tensor_size: int, w
         return ValueError(f"{what} with {part}: not built yet; {fix}")
 
     keep = "or build the layers with ep_size=1 (every expert on every rank)"
-    if stage:
+    if stage >= 3:  # as upstream: stages 1 and 2 partition each expert over its copies
         raise refuse(
-            f"zero_optimization.stage {stage}", f"set zero_optimization.stage to 0, {keep}"
+            f"zero_optimization.stage {stage}",
+            f"set zero_optimization.stage to 0, 1 or 2, {keep}",
         )
     if pipeline:
         raise refuse("pipeline parallelism", f"train without a PipelineModule, {keep}")

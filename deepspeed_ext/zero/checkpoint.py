@@ -20,17 +20,37 @@ if TYPE_CHECKING:
 
 def rank_state(s: ZeroStrategy, optimizer: Any) -> dict[str, Any]:
     out = {
-        "optimizer_state_dict": optimizer.state_dict(),
+        "optimizer_state_dict": _dense_state_dict(s, optimizer),
         "fp32_partitions": s.master_partitions(),
         "zero_stage": s.stage,
         "partition_count": s.world,
         "zero_layouts": s.layouts(),
-        "zero_opt_place": [list(x) for x in s.opt_place],  # each layout's optimizer group
+        "zero_opt_place": [list(x) for x in saved_place(s)],  # each layout's optimizer group
         "ds_version": __version__,
     }
     if s.exchange is not None:  # gradient_compression's error buffers: this rank's own
         out["grad_exchange"] = s.exchange.state_dict()
     return out
+
+
+def saved_place(s: ZeroStrategy) -> list[tuple[int, int]]:
+    """Where the rank file's groups sit in the optimizer: (param group, offset)."""
+    return [s.opt_place[g] for g in s.saved_groups()]
+
+
+def _dense_state_dict(s: ZeroStrategy, optimizer: Any) -> dict[str, Any]:
+    """The optimizer's state dict without the state of spread experts' groups (kept in
+    their own files: [Note: ZeRO with spread experts])."""
+    sd = optimizer.state_dict()
+    kept = set(s.saved_groups())
+    drop: set[int] = set()
+    for g, grp in enumerate(s.groups):
+        if g not in kept:
+            i, at = s.opt_place[g]
+            drop.update(sd["param_groups"][i]["params"][at : at + len(grp.masters)])
+    if drop:
+        sd = {**sd, "state": {k: v for k, v in sd["state"].items() if k not in drop}}
+    return sd
 
 
 def load_partitions(
@@ -44,7 +64,7 @@ def load_partitions(
     first = files.read(0)
     saved_world = int(first["partition_count"])
     place = first.get("zero_opt_place")  # None: written before it was recorded
-    if place is not None and [tuple(x) for x in place] != list(s.opt_place):
+    if place is not None and [tuple(x) for x in place] != saved_place(s):
         raise CheckpointError(
             f"{files.where}: its optimizer state was written for other optimizer param "
             "groups than this optimizer's (another optimizer object, or the config's "

@@ -28,16 +28,19 @@ from deepspeed_ext import comm
 class ReduceOptions:
     overlap: bool
     scatter: Callable[..., Any]  # (out, bucket, group=) -> work, as comm.reduce_scatter_bucket
+    # ... over any other group (the node groups cut the data axis alone): spread experts'
+    flat: Callable[..., Any]
 
 
 def reduce_options(zero: Any, hierarchy: comm.NodeGroups | None = None) -> ReduceOptions:
     """hierarchy: `communication.topology` hierarchical's node groups of the data axis,
     whose reduce-scatter then runs in two steps ([Note: hierarchical reduce-scatter])."""
     overlap = bool(zero.overlap_comm) if "overlap_comm" in zero.model_fields_set else True
-    scatter = comm.reduce_scatter_bucket if zero.reduce_scatter else comm.all_reduce_bucket
+    flat = comm.reduce_scatter_bucket if zero.reduce_scatter else comm.all_reduce_bucket
+    scatter = flat
     if hierarchy is not None:
 
         def scatter(out: Any, bucket: Any, group: Any = None) -> Any:
             return comm.reduce_scatter_bucket_hierarchical(out, bucket, hierarchy)
 
-    return ReduceOptions(overlap, scatter)
+    return ReduceOptions(overlap, scatter, flat)

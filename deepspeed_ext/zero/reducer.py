@@ -50,6 +50,7 @@ class ShardedReducer:
         overlap: bool = True,
         scatter: Callable[..., Any] = reduce_scatter_bucket,
         comm_dtype: torch.dtype | None = None,
+        flat_scatter: Callable[..., Any] | None = None,
     ) -> None:
         self.dp = group  # data-parallel
         self.comm_dtype = comm_dtype  # [Note: communication dtype]; None: accum_dtype
@@ -58,6 +59,9 @@ class ShardedReducer:
         # reduction before the backward goes on; reduce_scatter false all-reduces buckets
         self.overlap = overlap
         self.scatter = scatter
+        # spread experts' groups reduce over their expert-data group, by a plain collective
+        # ([Note: ZeRO with spread experts]), scaled as the data-parallel ones
+        self.flat_scatter = flat_scatter or scatter
         self.before, self.after = averaging.factors(group.size)
         self.is_boundary = is_boundary  # for a backward the engine did not begin
         self.begun = False  # begin() ran for the backward under way
@@ -167,9 +171,8 @@ class ShardedReducer:
             if self.before != 1:
                 buf.mul_(self.before)
             own = lambda t: self._own(t, grp)  # noqa: E731 - this rank's chunk of a bucket
-            work = in_dtype(
-                buf, self.comm_dtype, lambda t: self.scatter(own(t), t, group=self.dp), own
-            )
+            scatter = self.scatter if grp.expert is None else self.flat_scatter
+            work = in_dtype(buf, self.comm_dtype, lambda t: scatter(own(t), t, group=grp.axis), own)
         self._inflight.append((work, out, buf, i))
         if self.every_micro:
             self.buffers.pop(i, None)  # the in-flight entry keeps it alive until reduced

@@ -1,5 +1,7 @@
 """One optimizer param group, sharded: flat model params (full, as views), and this rank's
-fp32 masters and reduced gradients, one per bucket chunk (see [Note: shard layout]).
+fp32 masters and reduced gradients, one per bucket chunk (see [Note: shard layout]), over the
+group's own ranks: the data-parallel group, or for the params of MoE experts spread over
+ranks their expert-data-parallel group ([Note: ZeRO with spread experts] in strategy.py).
 
 Tensors (world W, rank r, group total T = sum of padded buckets, bucket b of B_b elements):
   flat        [T]       model dtype, on the model's device; every param is a view into it
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from deepspeed_ext.comm import AxisGroup
+from deepspeed_ext.comm.expert_groups import ExpertGroups
+
 from .layout import GroupLayout
 
 
@@ -21,8 +26,9 @@ class ShardedGroup:
         self,
         named_params: list[tuple[str, torch.nn.Parameter]],
         layout: GroupLayout,
-        rank: int,
+        axis: AxisGroup,
         optimizer_device: torch.device,
+        expert: ExpertGroups | None = None,
     ) -> None:
         params = [p for _, p in named_params]
         dtypes = {p.dtype for p in params}
@@ -31,7 +37,9 @@ class ShardedGroup:
                 f"a ZeRO param group must have one dtype, got {sorted(map(str, dtypes))}"
             )
         self.layout = layout
-        self.rank = rank
+        self.axis = axis  # the ranks this group is partitioned over (layout.world_size of them)
+        self.expert = expert  # the spread experts' groups; None: dense params
+        self.rank = axis.rank
         self.world = layout.world_size
         by_name = {s.name: s for s in layout.slots}
         self.params = params

@@ -1,6 +1,17 @@
 """ZeRO stages 1 and 2 behind the gradient-strategy protocol ([Note: gradient strategy]):
 partitions over the data-parallel group; the optimizer sees one flat fp32 master partition
 per param group.
+
+[Note: ZeRO with spread experts]
+The params of MoE experts spread over ranks ([Note: expert groups]) differ from rank to rank
+of the data-parallel group: each group of them is partitioned over its expert-data-parallel
+group instead, as a ShardedGroup (and optimizer param group) of its own. Its buckets are
+reduce-scattered over that group and scaled as the dense ones (by the data-parallel size:
+each copy's gradient already holds every token of its expert-parallel group), its updated
+chunks gathered over it. Every element of every param is then held by exactly one rank of
+the data-parallel group, so the norm is one sum over that group. Checkpoints keep the
+experts' state in their own files ([Note: expert checkpoint files]); the rank files hold
+the dense groups only.
 """
 
 from __future__ import annotations
@@ -11,6 +22,7 @@ import torch
 
 from deepspeed_ext import comm
 from deepspeed_ext.comm import all_gather_bucket, collective_device, sum_tensor_over
+from deepspeed_ext.comm.expert_groups import ExpertGroups, by_expert_groups, expert_groups_of
 
 from . import checkpoint
 from .client_groups import source_groups
@@ -45,11 +57,20 @@ class ZeroStrategy:
             if not trainable:
                 continue
             named = [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(trainable)]
-            layout = plan_group(
-                [(n, tuple(p.shape), p.numel()) for n, p in named], self.world, bucket_numel
-            )
-            self.groups.append(ShardedGroup(named, layout, self.rank, optimizer_device))
-            self.group_options.append({k: v for k, v in g.items() if k != "params"})
+            spread = [(expert_groups_of(p), (n, p)) for n, p in named]
+            parts: list[tuple[ExpertGroups | None, list[tuple[str, Any]]]]
+            parts = [(None, [x for e, x in spread if e is None])]
+            parts += by_expert_groups(spread)  # [Note: ZeRO with spread experts]
+            for expert, part in parts:
+                if not part:
+                    continue
+                axis = ctx.data if expert is None else expert.expert_data
+                layout = plan_group(
+                    [(n, tuple(p.shape), p.numel()) for n, p in part], axis.size, bucket_numel
+                )
+                grp = ShardedGroup(part, layout, axis, optimizer_device, expert)
+                self.groups.append(grp)
+                self.group_options.append({k: v for k, v in g.items() if k != "params"})
         # where each of self.groups' masters sit in the optimizer: (param group, offset in
         # its params); a client optimizer's groups can hold several (repoint)
         self.opt_place: list[tuple[int, int]] = [(g, 0) for g in range(len(self.groups))]
@@ -66,6 +87,7 @@ class ZeroStrategy:
             overlap=reduce_opts.overlap,
             scatter=reduce_opts.scatter,
             comm_dtype=ctx.comm_dtype,
+            flat_scatter=reduce_opts.flat,
         )
         # [Note: ZeRO communication keys]: elements per all-gather, over all ranks
         self.allgather_numel = max(1, int(ctx.zero.allgather_bucket_size))
@@ -151,8 +173,8 @@ class ZeroStrategy:
             if slot is None:
                 continue
             b = slot.bucket
-            chunk = grp.layout.buckets[b].chunk(self.world)
-            frag = Fragment(chunk, slot.offset, slot.numel, p.shape, self.rank, self.dp)
+            chunk = grp.layout.buckets[b].chunk(grp.world)
+            frag = Fragment(chunk, slot.offset, slot.numel, p.shape, grp.rank, grp.axis)
             grad = grp.grads[b] if grp.grads else None
             owner = state_owner(self.optimizer, grp.masters[b], which, grad)
             return (frag, owner) if owner is not None else None
@@ -174,28 +196,31 @@ class ZeroStrategy:
     def after_step(self) -> None:
         """Each rank's updated chunks into the model's flat buffer, then every chunk to all."""
         works: list[Any] = []
-        piece = max(1, self.allgather_numel // self.world)  # elements per rank per gather
         for grp in self.groups:
+            piece = max(1, self.allgather_numel // grp.world)  # elements per rank per gather
             for b, m in enumerate(grp.masters):
                 m.grad = None
                 own = m.detach().to(grp.flat.device, dtype=grp.flat.dtype, non_blocking=True)
                 if own.numel() > piece:
-                    self._gather_in_pieces(grp.bucket_view(b), own, piece)
+                    self._gather_in_pieces(grp, grp.bucket_view(b), own, piece)
                     continue
-                works.append(all_gather_bucket(grp.bucket_view(b), own, group=self.dp))
+                works.append(all_gather_bucket(grp.bucket_view(b), own, group=grp.axis))
                 if len(works) > 2:  # bound the backend's transient gather buffers
                     works.pop(0).wait()
         for w in works:
             w.wait()
 
-    def _gather_in_pieces(self, bucket: torch.Tensor, own: torch.Tensor, piece: int) -> None:
+    @staticmethod
+    def _gather_in_pieces(
+        grp: ShardedGroup, bucket: torch.Tensor, own: torch.Tensor, piece: int
+    ) -> None:
         """allgather_bucket_size below a bucket: its chunks gathered piece by piece, each
         rank's slice of a piece landing in that rank's chunk of the bucket."""
         c = own.numel()
         for lo in range(0, c, piece):
             hi = min(c, lo + piece)
-            outs = [bucket[r * c + lo : r * c + hi] for r in range(self.world)]
-            comm.all_gather(outs, own[lo:hi], group=self.dp)
+            outs = [bucket[r * c + lo : r * c + hi] for r in range(grp.world)]
+            comm.all_gather(outs, own[lo:hi], group=grp.axis)
 
     def zero_grads(self) -> None:
         self.reducer.zero()
@@ -227,16 +252,21 @@ class ZeroStrategy:
     def load_optimizer_state(self, optimizer: Any, state: dict[str, Any], files: RankFiles) -> None:
         checkpoint.load_partitions(self, optimizer, state, files)
 
-    # -- checkpoint pieces --
+    # -- checkpoint pieces: the rank files' groups, the dense ones ([Note: ZeRO with spread
+    # experts]: the experts' state goes to their own files)
+    def saved_groups(self) -> list[int]:
+        return [g for g, grp in enumerate(self.groups) if grp.expert is None]
+
     def layouts(self) -> list[dict[str, Any]]:
-        return [grp.layout.to_dict() for grp in self.groups]
+        return [self.groups[g].layout.to_dict() for g in self.saved_groups()]
 
     def master_partitions(self) -> list[torch.Tensor]:
-        return [grp.master_partition() for grp in self.groups]
+        return [self.groups[g].master_partition() for g in self.saved_groups()]
 
     @torch.no_grad()
     def load_master_partitions(self, saved: list[torch.Tensor]) -> None:
-        for grp, t in zip(self.groups, saved):
+        """Every group's partition, in group order (a rank file's: the dense groups')."""
+        for grp, t in zip(self.groups, saved, strict=True):
             grp.load_master_partition(t)
         self.after_step()  # the model's weights follow the masters
 
@@ -260,14 +290,14 @@ class ZeroStrategy:
             lay = grp.layout
             names = [s.name for s in lay.slots]
             missing_names(named, names, where)
-            own = chunks_for(lay, self.rank, {n: named.masters[n] for n in names})
+            own = chunks_for(lay, grp.rank, {n: named.masters[n] for n in names})
             masters.append(torch.cat(own))
             i, at = self.opt_place[g]
             ids = current["param_groups"][i]["params"][at : at + len(grp.masters)]
             numel = named.masters[names[0]].numel()
             for key, value in named.state[names[0]].items():
                 if is_per_element(key, value, numel):
-                    cut = chunks_for(lay, self.rank, {n: named.state[n][key] for n in names})
+                    cut = chunks_for(lay, grp.rank, {n: named.state[n][key] for n in names})
                     for pid, c in zip(ids, cut):
                         state.setdefault(pid, {})[key] = c
                 else:  # each its own (torch's Adam adds to `step` in place, per param)
@@ -281,7 +311,9 @@ class ZeroStrategy:
         return [grp.layout for grp in self.groups]
 
     def check_names(self, saved: list[GroupLayout]) -> None:
-        now = [[(s.name, s.shape) for s in g.layout.slots] for g in self.groups]
+        now = [
+            [(s.name, s.shape) for s in self.groups[g].layout.slots] for g in self.saved_groups()
+        ]
         then = [[(s.name, s.shape) for s in g.slots] for g in saved]
         if sorted(map(sorted, now)) != sorted(map(sorted, then)):
             raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")

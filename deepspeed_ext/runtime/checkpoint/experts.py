@@ -1,5 +1,5 @@
-"""Checkpoints of models with MoE layers (stage 0, the stage such layers run at when their
-experts are spread over ranks).
+"""Checkpoints of models with MoE layers: at stage 0, and at ZeRO stages 1 and 2 where their
+experts are spread over ranks ([Note: ZeRO with spread experts]).
 
 [Note: expert checkpoint files]
 A rank holds experts num_local x ep_rank .. num_local x (ep_rank + 1) - 1 of each MoE layer
@@ -9,11 +9,13 @@ from one). Where experts are spread, the first copy of each (expert-data rank 0)
 per expert, upstream's `layer_<L>_expert_<g>_mp_rank_XX_model_states.pt` (its state dict,
 global names; L counts the model's MoE layers in module order) and, beside it,
 `layer_<L>_expert_<g>_mp_rank_XX_optim_states.pt` (its params' optimizer state, group
-options and fp32 masters by name: [Note: named optimizer state]); the model-states file then
-holds the dense part only. The model-states file of any stage-0 model with MoE layers records
-`moe`: the layers (path, num_experts) and the names of rank 0's optimizer params, globalised,
-so the dense optimizer state is read by name. Loading takes this rank's experts from their
-files (or from the module state of a checkpoint whose experts were all local).
+options and fp32 masters by name: [Note: named optimizer state]; under ZeRO gathered from the
+expert's copies first, which every copy joins); the model-states file then holds the dense
+part only, and ZeRO's rank files the dense groups. The model-states file records `moe`: the
+layers (path, num_experts), and at stage 0 the names of rank 0's optimizer params,
+globalised, so the dense optimizer state is read by name (ZeRO's layouts name theirs).
+Loading takes this rank's experts from their files (or from the module state of a checkpoint
+whose experts were all local), at stages 0-2 whichever stage saved.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 from deepspeed_ext import comm
 from deepspeed_ext.moe.layer import MOELayer
 from deepspeed_ext.utils.errors import CheckpointError
-from deepspeed_ext.zero.named_state import NamedState, from_stage0, is_per_element
+from deepspeed_ext.zero.named_state import NamedState, from_stage0, from_zero, is_per_element
 
 from . import safe_load
 from .layout import expert_file_names
@@ -38,10 +40,16 @@ def layers(module: torch.nn.Module) -> list[tuple[str, MOELayer]]:
 
 
 def applies(engine: Any) -> bool:
-    """Whether this engine's checkpoints take the expert layout (stage 0, no pipeline)."""
+    """Whether this engine's checkpoints take the expert layout (no pipeline; stage 0, or
+    experts spread over ranks under ZeRO 1/2: a ZeRO model with ep_size 1 saves as any)."""
+    return loads(engine) and (not engine.zero_optimization_stage() or spread(engine))
+
+
+def loads(engine: Any) -> bool:
+    """Whether this engine loads a checkpoint of the expert layout (stages 0-2, no pipeline)."""
     return bool(
         layers(engine.module)
-        and not engine.zero_optimization_stage()
+        and engine.zero_optimization_stage() <= 2
         and not engine.pipeline_parallelism
     )
 
@@ -96,10 +104,14 @@ def model_state_part(engine: Any, state: dict[str, Any]) -> dict[str, Any]:
     """The model-states file's dict with `moe` recorded and, where experts are spread, their
     entries (kept in their own files) taken out."""
     names = global_names(engine.module)
+    zero = bool(engine.zero_optimization_stage())  # the dense state: in ZeRO's rank files
     info = {
         "layers": [(p, m.num_experts) for p, m in layers(engine.module)],
-        "param_names": [[names.get(n, n) for n in g] for g in engine.strategy.param_names()],
+        "param_names": None
+        if zero
+        else [[names.get(n, n) for n in g] for g in engine.strategy.param_names()],
         "expert_files": spread(engine),
+        "zero": zero,
     }
     out = {**state, "moe": info}
     if info["expert_files"]:
@@ -111,7 +123,8 @@ def model_state_part(engine: Any, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
-    """Every rank calls it; the first copy of each expert writes its two files."""
+    """Every rank calls it (under ZeRO each expert's copies gather its partitioned state);
+    the first copy of each expert writes its two files."""
     if not spread(engine):
         return
     strategy = engine.strategy
@@ -119,8 +132,7 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
     options = _options_by_tensor(optimizer)
     for x in local_experts(engine.module):
         m, glob, expert = x.layer, x.glob, x.module
-        if m.ep_group is not None and m.ep_group.expert_data.rank != 0:
-            continue
+        writes = m.ep_group is None or m.ep_group.expert_data.rank == 0
         weights = {glob + k: v.detach().clone() for k, v in expert.state_dict().items()}
         # frozen params stay in the model file (a resume needs them whatever
         # exclude_frozen_parameters says) and are listed, so zero_to_fp32 can leave them out
@@ -128,20 +140,29 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
         frozen = [glob + k for k, p in expert.named_parameters() if not p.requires_grad]
         opt_state["frozen"] = frozen
         for k, p in expert.named_parameters():
-            master = strategy.masters.master_of.get(id(p))
-            if master is None:  # frozen
+            # [Note: param fragments]: whole at stage 0, gathered from the copies under ZeRO
+            found = strategy.fragment_owner(p, "param")
+            if found is None:  # frozen
                 continue
+            frag, master = found
             name = glob + k
-            opt_state["master_weights"][name] = master.detach().float().clone()
+            opt_state["master_weights"][name] = frag.full(master).float()
             if optimizer is not None:
                 held = optimizer.state.get(master, {})
-                opt_state["state"][name] = {
-                    s: (v.detach().clone() if torch.is_tensor(v) else v) for s, v in held.items()
-                }
+                opt_state["state"][name] = {s: _whole(frag, master, v) for s, v in held.items()}
                 opt_state["options"][name] = options.get(id(master), {})
-        model_file, optim_file = expert_file_names(x.layer_index, x.index, mp_rank)
-        torch.save(weights, tmp / model_file)
-        torch.save(opt_state, tmp / optim_file)
+        if writes:
+            model_file, optim_file = expert_file_names(x.layer_index, x.index, mp_rank)
+            torch.save(weights, tmp / model_file)
+            torch.save(opt_state, tmp / optim_file)
+
+
+def _whole(frag: Any, master: torch.Tensor, value: Any) -> Any:
+    """A param's optimizer state value: its per-element part whole (the master's shape: a
+    fragment of it under ZeRO), any other value (`step`) as held."""
+    if torch.is_tensor(value) and value.shape == master.shape:
+        return frag.full(value)
+    return value.detach().clone() if torch.is_tensor(value) else value
 
 
 def _options_by_tensor(optimizer: Any) -> dict[int, dict[str, Any]]:
@@ -225,17 +246,21 @@ def load_optimizer(engine: Any, files: Any, state: dict[str, Any]) -> None:
     its own (1-bit Adam's error buffers)."""
     ckpt_dir = files.where
     info = state["moe"]
-    if state.get("optimizer") is None:
+    if not info.get("zero") and state.get("optimizer") is None:
         raise CheckpointError(
             f"{ckpt_dir} holds no optimizer state (saved without one): load it with "
             "load_optimizer_states=False"
         )
     names = global_names(engine.module)
-    # `state` holds this rank's experts under local names (localize_module): named globally
-    # they are what the saved param names ask for (an fp32 model's masters are its weights)
-    weights = _globalised(state["module"], names)
-    saved = {**state, "master_weights": _globalised(state.get("master_weights"), names)}
-    named = from_stage0(saved, info["param_names"], weights, skip_missing=True)
+    if info.get("zero"):  # the dense groups' partitions, in the rank files
+        named = from_zero(files)
+    else:
+        # `state` holds this rank's experts under local names (localize_module): named
+        # globally they are what the saved param names ask for (an fp32 model's masters are
+        # its weights)
+        weights = _globalised(state["module"], names)
+        saved = {**state, "master_weights": _globalised(state.get("master_weights"), names)}
+        named = from_stage0(saved, info["param_names"], weights, skip_missing=True)
     if info["expert_files"]:
         mp_rank = engine.layout.model.rank
         for x in local_experts(engine.module):
@@ -256,6 +281,8 @@ def load_optimizer(engine: Any, files: Any, state: dict[str, Any]) -> None:
             local.options[n] = named.options[g]
     strategy = engine.strategy
     strategy.load_named_state(engine.optimizer, local, ckpt_dir)
+    if engine.zero_optimization_stage():  # ZeRO keeps no per-rank state with MoE layers
+        return  # (gradient_compression and 1-bit optimizers are refused with them)
     if hasattr(engine.optimizer, "load_per_rank_state_dict") or strategy.grads.exchange:
         strategy.load_per_rank(engine.optimizer, files)
         strategy.masters.copy_to_model()
@@ -270,12 +297,12 @@ def _globalised(d: Any, names: dict[str, str]) -> Any:
 
 def _check(engine: Any, ckpt_dir: Path, state: dict[str, Any]) -> dict[str, Any] | None:
     info = state.get("moe")
-    if not applies(engine):
+    if not loads(engine):
         if info is not None and info["expert_files"]:
             raise CheckpointError(
                 f"{ckpt_dir} keeps its MoE experts in expert files (saved with experts spread "
-                "over ranks, ZeRO stage 0): load it at zero_optimization.stage 0 without "
-                "pipeline parallelism"
+                "over ranks): load it at zero_optimization.stage 0, 1 or 2 without pipeline "
+                "parallelism"
             )
         return None
     if info is None:

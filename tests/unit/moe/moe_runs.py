@@ -93,7 +93,9 @@ def reference(world: int, k: int, steps: int = STEPS) -> dict[str, Any]:
     return {"state": {n: t.detach().clone() for n, t in net.state_dict().items()}, "losses": losses}
 
 
-def train(ep_size: int, k: int, spoil_copies: bool) -> dict[str, Any]:
+def train(
+    ep_size: int, k: int, spoil_copies: bool, zero: dict[str, Any] | None = None
+) -> dict[str, Any]:
     import deepspeed
     from deepspeed_ext import comm
 
@@ -112,6 +114,8 @@ def train(ep_size: int, k: int, spoil_copies: bool) -> dict[str, Any]:
         "gradient_accumulation_steps": GAS,
         "gradient_clipping": CLIP,
         "optimizer": {"type": "Adam", "params": {"lr": LR}},
+        # small buckets: several per group, so the order of their reductions counts
+        "zero_optimization": {"reduce_bucket_size": 100, **(zero or {})},
     }
     engine, *_ = deepspeed.initialize(model=net, config=config)
     losses = []
@@ -189,7 +193,7 @@ def accessors_after_another_engine() -> dict[str, Any]:
     return out
 
 
-def _config(precision: str) -> dict[str, Any]:
+def _config(precision: str, stage: int = 0) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": GAS,
@@ -197,17 +201,18 @@ def _config(precision: str) -> dict[str, Any]:
         "optimizer": {"type": "Adam", "params": {"lr": LR}},
         "bf16": {"enabled": precision == "bf16"},
         "fp16": {"enabled": precision == "fp16", "initial_scale_power": 8},
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 100},
     }
 
 
-def _engine(ep_size: int, k: int, precision: str) -> Any:
+def _engine(ep_size: int, k: int, precision: str, stage: int = 0) -> Any:
     import deepspeed
     from deepspeed_ext import comm
 
     net = Net(ep_size, k)
     local = EXPERTS // ep_size
     net.load_state_dict(local_experts(whole(k).state_dict(), comm.get_rank() % ep_size, local))
-    engine, *_ = deepspeed.initialize(model=net, config=_config(precision))
+    engine, *_ = deepspeed.initialize(model=net, config=_config(precision, stage))
     return engine
 
 
@@ -233,18 +238,27 @@ def _global_state(engine: Any) -> dict[str, torch.Tensor]:
 
 
 def _global_masters(engine: Any) -> dict[str, torch.Tensor]:
-    """The fp32 masters of this rank's trainable params, experts named globally."""
+    """The fp32 masters of this rank's trainable params, experts named globally (gathered
+    from their partitions under ZeRO: every rank calls it)."""
+    from deepspeed.utils import safe_get_full_fp32_param
     from deepspeed_ext.runtime.checkpoint import experts
 
     names = experts.global_names(engine.module)
-    master_of = engine.strategy.masters.master_of
     return {
-        names.get(n, n): master_of[id(p)].detach().float().clone()
+        names.get(n, n): safe_get_full_fp32_param(p).float()
         for n, p in engine.module.named_parameters()
     }
 
 
-def resume(ep_save: int, ep_load: int, k: int, precision: str, where: str) -> dict[str, Any]:
+def resume(
+    ep_save: int,
+    ep_load: int,
+    k: int,
+    precision: str,
+    where: str,
+    stage_save: int = 0,
+    stage_load: int = 0,
+) -> dict[str, Any]:
     """Train 2 steps at ep_save, save, train a third; then a new engine at ep_load loads the
     checkpoint and trains the third step. Also what zero_to_fp32 and save_16bit_model give."""
     from deepspeed_ext import comm
@@ -253,14 +267,14 @@ def resume(ep_save: int, ep_load: int, k: int, precision: str, where: str) -> di
     )
 
     comm.init_distributed()
-    a = _engine(ep_save, k, precision)
+    a = _engine(ep_save, k, precision, stage_save)
     _steps(a, range(2))
     a.save_checkpoint(where, tag="t")
     at_save = _global_state(a)
     masters = _global_masters(a)
     a.save_16bit_model(where, "model16.pt")
     _steps(a, range(2, 3))
-    b = _engine(ep_load, k, precision)
+    b = _engine(ep_load, k, precision, stage_load)
     b.load_checkpoint(where, tag="t")
     loaded = _global_state(b)
     _steps(b, range(2, 3))

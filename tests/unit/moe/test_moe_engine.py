@@ -37,6 +37,29 @@ def test_four_ranks_two_copies_of_each_expert_match_one_process() -> None:
     _check(outs, moe_runs.reference(4, 2))
 
 
+@pytest.mark.parametrize(
+    "zero",
+    [
+        {"stage": 1},
+        {"stage": 2},
+        {  # the host's optimizer, all-reduced buckets, updates gathered in pieces
+            "stage": 2,
+            "offload_optimizer": {"device": "cpu"},
+            "reduce_scatter": False,
+            "allgather_bucket_size": 50,
+        },
+    ],
+    ids=["stage1", "stage2", "stage2-offload"],
+)
+def test_zero_partitions_each_expert_over_its_copies_and_matches_one_process(
+    zero: dict[str, Any],
+) -> None:
+    """[Note: ZeRO with spread experts]: 4 ranks, ep_size 2, so each expert's state is
+    partitioned over its 2 copies (the second spoiled before initialize)."""
+    outs = run_ranks(moe_runs.train, 4, 2, 2, True, zero, timeout=240)
+    _check(outs, moe_runs.reference(4, 2))
+
+
 def test_expert_groups_for_code_written_for_upstream() -> None:
     for out in run_ranks(moe_runs.accessors_after_another_engine, 2, timeout=120):
         assert out["size"] == 2  # still answered after another engine's initialize
@@ -48,8 +71,8 @@ def test_expert_groups_for_code_written_for_upstream() -> None:
 
 
 def test_what_spread_experts_do_not_run_with_yet_is_refused_by_name() -> None:
-    outs = run_ranks(moe_runs.refused, 2, 1, timeout=120)
-    assert all("zero_optimization.stage 1" in o and "ep_size=1" in o for o in outs), outs
+    outs = run_ranks(moe_runs.refused, 2, 3, timeout=120)
+    assert all("zero_optimization.stage 3" in o and "ep_size=1" in o for o in outs), outs
 
 
 def _whole(outs: list[dict[str, Any]], key: str) -> dict[str, torch.Tensor]:
@@ -64,14 +87,26 @@ def _whole(outs: list[dict[str, Any]], key: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("ep_save", "ep_load", "precision"),
-    [(2, 1, "fp32"), (1, 2, "fp32"), (2, 2, "bf16"), (2, 2, "fp16")],
+    ("world", "ep_save", "ep_load", "precision", "stages"),
+    [
+        (2, 2, 1, "fp32", (0, 0)),
+        (2, 1, 2, "fp32", (0, 0)),
+        (2, 2, 2, "bf16", (0, 0)),
+        (2, 2, 2, "fp16", (0, 0)),
+        # [Note: ZeRO with spread experts]: each expert partitioned over 2 copies
+        (4, 2, 2, "fp32", (2, 2)),
+        (4, 2, 1, "fp32", (1, 2)),  # into ZeRO with every expert local
+        (4, 2, 2, "fp16", (1, 2)),
+        (4, 4, 2, "fp32", (2, 0)),  # from ZeRO to stage 0
+        (2, 2, 2, "fp32", (0, 1)),  # from stage 0 to ZeRO
+    ],
 )
 def test_checkpoints_resume_at_another_ep_size_and_consolidate(
-    tmp_path, ep_save: int, ep_load: int, precision: str
+    tmp_path, world: int, ep_save: int, ep_load: int, precision: str, stages: tuple[int, int]
 ) -> None:
     """fp16 with a small initial loss scale: the scaler's state resumes too."""
-    outs = run_ranks(moe_runs.resume, 2, ep_save, ep_load, 2, precision, str(tmp_path), timeout=240)
+    args = (ep_save, ep_load, 2, precision, str(tmp_path), *stages)
+    outs = run_ranks(moe_runs.resume, world, *args, timeout=240)
     at_save = _whole(outs, "at_save")
     assert len(at_save) == len(moe_runs.whole(2).state_dict())  # every expert, once
     loaded = _whole(outs, "loaded")
@@ -81,7 +116,7 @@ def test_checkpoints_resume_at_another_ep_size_and_consolidate(
     for n, t in uninterrupted.items():  # the optimizer state came back too
         torch.testing.assert_close(resumed[n], t, rtol=1e-5, atol=1e-6, msg=n)
     if precision == "fp32":  # and both are the one-process run's
-        ref = moe_runs.reference(2, 2)["state"]
+        ref = moe_runs.reference(world, 2)["state"]
         for n, t in ref.items():
             torch.testing.assert_close(resumed[n], t, rtol=1e-4, atol=1e-5, msg=n)
     masters = _whole(outs, "masters")  # zero_to_fp32 gives the fp32 masters, 16-bit the weights
@@ -91,7 +126,7 @@ def test_checkpoints_resume_at_another_ep_size_and_consolidate(
         torch.testing.assert_close(fp32[n], t, rtol=0, atol=0, msg=n)
         torch.testing.assert_close(w16[n], at_save[n], rtol=0, atol=0, msg=n)
     if precision == "fp32":
-        for n, t in moe_runs.reference(2, 2, steps=2)["state"].items():
+        for n, t in moe_runs.reference(world, 2, steps=2)["state"].items():
             torch.testing.assert_close(fp32[n], t, rtol=1e-4, atol=1e-5, msg=n)
 
 
