@@ -24,6 +24,19 @@ def _precision(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
     out = []
     if cfg.fp16.enabled and cfg.bf16.enabled:
         out.append("fp16.enabled and bf16.enabled are both true; enable one of them")
+    autocast = cfg.torch_autocast
+    for key in ("fp16", "bf16"):
+        if autocast.enabled and getattr(cfg, key).enabled:
+            out.append(
+                f"torch_autocast.enabled and {key}.enabled are both true: torch_autocast keeps "
+                f"the model in fp32 and runs its forward under torch.autocast, {key} casts the "
+                "model; enable one of them"
+            )
+    if autocast.enabled and autocast.dtype == "fp32":
+        out.append(
+            'torch_autocast.dtype "fp32": autocast runs ops in a lower precision; set "bf16" '
+            'or "fp16", or disable torch_autocast'
+        )
     if cfg.amp is not None and cfg.amp.enabled and (cfg.fp16.enabled or cfg.bf16.enabled):
         out.append("amp.enabled cannot be combined with fp16.enabled or bf16.enabled")
     if cfg.fp16_override_modules and not (cfg.fp16.enabled or cfg.bf16.enabled):

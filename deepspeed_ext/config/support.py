@@ -82,7 +82,11 @@ REFUSED: dict[str, Rule] = {
             != ("fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32")
         ),
     ),
-    "torch_autocast": Rule(f"torch.autocast mixed precision {_UNBUILT}; use fp16 or bf16"),
+    "torch_autocast.lower_precision_safe_modules": Rule(
+        "it picks the modules whose gradients upstream reduces in the autocast dtype; here "
+        "every gradient is reduced in communication_data_type (fp32 unless set): remove it, "
+        "and set communication_data_type to reduce in 16 bits ([Note: torch_autocast])"
+    ),
     "weight_quantization": Rule(f"weight quantization {_UNBUILT}"),
     "zero_optimization.zenflow": Rule(f"ZenFlow {_UNBUILT}"),
     "datastates_ckpt": Rule(

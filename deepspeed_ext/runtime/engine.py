@@ -45,7 +45,7 @@ from .engine_surface import EngineSurface
 from .lr_schedules import get_lr_scheduler
 from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
-from .precision import config_dtype, make_loss_scaler
+from .precision import autocast, config_dtype, make_loss_scaler
 from .precision.fp32_modules import compute_in_fp32
 from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
@@ -120,6 +120,10 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self.module.half()
         elif config.bf16.enabled:
             self.module.to(torch.bfloat16)
+        # [Note: torch_autocast]: the model stays fp32; the forward runs under torch.autocast
+        self._device_type = self.device.type
+        self._autocast = autocast.autocast_dtype(config.torch_autocast, self._device_type)
+        autocast.check(config, self._autocast)
         if config.fp16_override_modules:
             dtype = torch.float16 if config.fp16.enabled else torch.bfloat16
             compute_in_fp32(self.module, config.fp16_override_modules, dtype)
@@ -165,6 +169,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self.zero_optimization_stage(),
         )
         self.loss_scaler = make_loss_scaler(config.fp16) if config.fp16.enabled else None
+        if self._autocast == torch.float16:
+            self.loss_scaler = autocast.loss_scaler()
         self.optimizer = self._make_optimizer(optimizer)
         if hasattr(self.optimizer, "attach_engine"):  # a 1-bit optimizer, given as an object
             moe_setup.refuse_local_grads(self.moe_layers, type(self.optimizer).__name__)
@@ -224,7 +230,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self._show_loss_scale()
         # fp16 always skips a step whose gradients are not finite; bf16 when asked (upstream)
         self._skip_nonfinite = bool(
-            config.fp16.enabled or (config.bf16.enabled and config.bf16.check_grad_overflow)
+            self.loss_scaler is not None
+            or (config.bf16.enabled and config.bf16.check_grad_overflow)
         )
         config_effects.dump_state(self)
 
@@ -387,8 +394,12 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self.metrics.add_micro_batch(
                 self.train_micro_batch_size_per_gpu(), batch_tokens(inputs, kwargs)
             )
-        with self.timers.phase("forward"):
+        with self.timers.phase("forward"), self.autocast_forward():
             return self.module(*inputs, **kwargs)
+
+    def autocast_forward(self) -> Any:
+        """torch.autocast where torch_autocast is on ([Note: torch_autocast])."""
+        return autocast.forward_context(self._autocast, self._device_type)
 
     def _show_loss_scale(self) -> None:
         """Upstream's fp16 optimizers carry the scale (`loss_scale`; ZeRO's `cur_scale` and

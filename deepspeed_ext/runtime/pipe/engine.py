@@ -676,7 +676,8 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     def _exec_forward_pass(self, cmd: sch.ForwardPass) -> None:
         c, b = self._key(cmd)
         with self.timers.phase("forward"):
-            out = self.module(self._inputs[(c, b)], chunk=c)
+            with self.autocast_forward():  # [Note: torch_autocast]
+                out = self.module(self._inputs[(c, b)], chunk=c)
         if not self._is_last(c):
             self._outputs[(c, b)] = out
             if c in self._hand_on:

@@ -38,6 +38,7 @@ SAMPLES: dict[str, Any] = {
     "zero_optimization.zeropp_loco_param": {"err_beta": 0.8},
     "zero_optimization.offload_optimizer.ratio": 0.5,
     "zero_optimization.offload_optimizer.super_offload": True,
+    "torch_autocast.lower_precision_safe_modules": ["torch.nn.Linear"],
 }
 # Keys whose refusal needs another key set as well.
 CONTEXT: dict[str, dict[str, Any]] = {
