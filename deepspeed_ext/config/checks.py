@@ -32,6 +32,11 @@ def _precision(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
                 f"the model in fp32 and runs its forward under torch.autocast, {key} casts the "
                 "model; enable one of them"
             )
+    if cfg.fp16.auto_cast and not cfg.fp16.enabled:
+        out.append(
+            "fp16.auto_cast casts the forward's floating-point inputs to fp16 for an fp16 model, "
+            "but fp16.enabled is false: enable fp16, or remove fp16.auto_cast"
+        )
     if autocast.enabled and autocast.dtype == "fp32":
         out.append(
             'torch_autocast.dtype "fp32": autocast runs ops in a lower precision; set "bf16" '

@@ -97,7 +97,6 @@ REFUSED: dict[str, Rule] = {
     "graph_harvesting": Rule(f"CUDA-graph harvesting {_UNBUILT}"),
     "sequence_parallel_size": Rule(_SP, allowed=(1,)),
     "disable_allgather": Rule(f"replacing the all-gather by broadcasts {_UNBUILT}"),
-    "fp16.auto_cast": Rule("casting inputs to fp16 is not built yet; cast them in the model"),
     "fp16.fp16_master_weights_and_grads": Rule(f"fp16 master weights {_UNBUILT}"),
     "bf16.bf16_master_weights_and_grads": Rule(f"bf16 master weights {_UNBUILT}"),
     "bf16.bf16_optimizer_states": Rule(f"bf16 optimizer states {_UNBUILT}"),
@@ -113,9 +112,6 @@ REFUSED: dict[str, Rule] = {
         allowed=("PYTHON",),
     ),
     "zero_optimization.compute_grad_norm": Rule(f"skipping the gradient norm {_UNBUILT}"),
-    "zero_optimization.load_from_fp32_weights": Rule(
-        f"restoring the fp32 masters from the 16-bit weights {_UNBUILT}"
-    ),
     "zero_optimization.ignore_unused_parameters": Rule(
         f"failing on parameters that got no gradient {_UNBUILT}"
     ),
@@ -329,6 +325,13 @@ def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
             ("overlap_comm", "reduce_scatter", "allgather_bucket_size"),
             "at zero_optimization.stage 0: they tune ZeRO's reduce-scatter and all-gather "
             "(stage 0 all-reduces gradient buckets while backward runs)",
+        )
+        out += _unread(
+            cfg,
+            "zero_optimization",
+            ("load_from_fp32_weights",),
+            "at zero_optimization.stage 0: a checkpoint's fp32 masters always load there (as "
+            "upstream's)",
         )
     return out + _unread_elsewhere(cfg)
 

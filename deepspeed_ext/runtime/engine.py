@@ -45,7 +45,7 @@ from .engine_surface import EngineSurface
 from .lr_schedules import get_lr_scheduler
 from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
-from .precision import autocast, config_dtype, make_loss_scaler
+from .precision import autocast, cast_half, config_dtype, make_loss_scaler
 from .precision.fp32_modules import compute_in_fp32
 from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
@@ -124,6 +124,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self._device_type = self.device.type
         self._autocast = autocast.autocast_dtype(config.torch_autocast, self._device_type)
         autocast.check(config, self._autocast)
+        self._auto_cast = bool(config.fp16.auto_cast)
         if config.fp16_override_modules:
             dtype = torch.float16 if config.fp16.enabled else torch.bfloat16
             compute_in_fp32(self.module, config.fp16_override_modules, dtype)
@@ -394,6 +395,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
             self.metrics.add_micro_batch(
                 self.train_micro_batch_size_per_gpu(), batch_tokens(inputs, kwargs)
             )
+        if self._auto_cast:  # fp16.auto_cast: the positional inputs, as upstream's
+            inputs = cast_half(inputs)
         with self.timers.phase("forward"), self.autocast_forward():
             return self.module(*inputs, **kwargs)
 

@@ -191,6 +191,9 @@ def load_checkpoint(
     if not load_module_only:
         if load_optimizer_states and engine.optimizer is not None:
             engine._load_optimizer_state(state, files)
+            zero = engine.config.zero_optimization
+            if zero.stage and not zero.load_from_fp32_weights:  # the masters from the weights
+                engine.strategy.sync_masters_from_model()
         if load_lr_scheduler_states and engine.lr_scheduler and state.get("lr_scheduler"):
             engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
         if engine.loss_scaler is not None and state.get("loss_scaler"):

@@ -26,6 +26,7 @@ from deepspeed_ext.zero.norms import sum_of_squares
 
 from ..dataloader import DeepSpeedDataLoader, RepeatingLoader
 from ..engine import DeepSpeedEngine
+from ..precision import cast_half
 from . import batch_start
 from . import checkpoint as pipe_ckpt
 from . import schedule as sch
@@ -676,8 +677,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
     def _exec_forward_pass(self, cmd: sch.ForwardPass) -> None:
         c, b = self._key(cmd)
         with self.timers.phase("forward"):
+            inputs = self._inputs[(c, b)]
+            if self._auto_cast:  # fp16.auto_cast, as the engine's forward
+                inputs = cast_half(inputs)
             with self.autocast_forward():  # [Note: torch_autocast]
-                out = self.module(self._inputs[(c, b)], chunk=c)
+                out = self.module(inputs, chunk=c)
         if not self._is_last(c):
             self._outputs[(c, b)] = out
             if c in self._hand_on:
