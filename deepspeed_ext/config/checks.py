@@ -32,6 +32,20 @@ def _precision(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
                 f"the model in fp32 and runs its forward under torch.autocast, {key} casts the "
                 "model; enable one of them"
             )
+    types = cfg.data_types  # [Note: module cast]
+    model = "fp16" if cfg.fp16.enabled else "bf16" if cfg.bf16.enabled else "fp32"
+    decided = not {"fp16.enabled", "bf16.enabled"} & autos  # "auto": the HF Trainer fills it
+    if decided and types.param_dtype is not None and types.param_dtype != model:
+        out.append(
+            f'data_types.param_dtype "{types.param_dtype}" conflicts with the model\'s dtype, '
+            f'"{model}" (from fp16 / bf16): enable the matching section, or remove '
+            "data_types.param_dtype"
+        )
+    if decided and types.buffer_dtype is not None and model == "fp32":
+        out.append(
+            "data_types.buffer_dtype casts the buffers of an fp16 or bf16 model, and neither "
+            "is enabled: enable one, or remove data_types.buffer_dtype"
+        )
     if cfg.fp16.auto_cast and not cfg.fp16.enabled:
         out.append(
             "fp16.auto_cast casts the forward's floating-point inputs to fp16 for an fp16 model, "

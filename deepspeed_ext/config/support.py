@@ -100,9 +100,6 @@ REFUSED: dict[str, Rule] = {
     "fp16.fp16_master_weights_and_grads": Rule(f"fp16 master weights {_UNBUILT}"),
     "bf16.bf16_master_weights_and_grads": Rule(f"bf16 master weights {_UNBUILT}"),
     "bf16.bf16_optimizer_states": Rule(f"bf16 optimizer states {_UNBUILT}"),
-    "data_types.param_dtype": Rule(f"a separate parameter dtype {_UNBUILT}"),
-    "data_types.buffer_dtype": Rule(f"a separate buffer dtype {_UNBUILT}"),
-    "data_types.keep_in_fp32_modules": Rule(f"keeping modules in fp32 {_UNBUILT}"),
     "checkpoint.load_universal": Rule(f"universal checkpoints {_UNBUILT}"),
     "checkpoint.use_node_local_storage": Rule(
         "node-local checkpoint storage is not built yet; save to a shared path"

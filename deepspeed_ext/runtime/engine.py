@@ -47,6 +47,7 @@ from .optimizer_step import StepOutcome, optimizer_step
 from .optimizers import build_optimizer
 from .precision import autocast, cast_half, config_dtype, make_loss_scaler
 from .precision.fp32_modules import compute_in_fp32
+from .precision.module_cast import cast_module
 from .strategy_factory import make_strategy, reduce_bucket_numel
 from .zero_checks import CPU_OPTIMIZERS, check_zero_optimizer, optimizer_device
 
@@ -116,10 +117,14 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         )
         # [Note: AutoTP in the engine]: the norm's group, and what this rank takes away
         self._norm_axis, self._tp_replicated = tensor_parallel.norm_parts(self.module, self.layout)
-        if config.fp16.enabled:
-            self.module.half()
-        elif config.bf16.enabled:
-            self.module.to(torch.bfloat16)
+        if config.fp16.enabled or config.bf16.enabled:  # [Note: module cast]
+            types = config.data_types
+            cast_module(
+                self.module,
+                torch.float16 if config.fp16.enabled else torch.bfloat16,
+                config_dtype(types.buffer_dtype) if types.buffer_dtype else None,
+                types.keep_in_fp32_modules,
+            )
         # [Note: torch_autocast]: the model stays fp32; the forward runs under torch.autocast
         self._device_type = self.device.type
         self._autocast = autocast.autocast_dtype(config.torch_autocast, self._device_type)
