@@ -34,20 +34,27 @@ def _warmup_fraction(batch: int, num_steps: int, warmup_type: str) -> float:
 
 
 class WarmupLR(BatchSchedule):
-    """lr = min_lr + (max_lr - min_lr) * g during warmup, then max_lr; per param group."""
+    """lr = min_lr + (max_lr - min_lr) * g during warmup, then max_lr; per param group.
+
+    warmup_max_lr None (WarmupLR's default, as upstream) is each group's own lr as the
+    schedule is built: the warmup rises to the lr the optimizer was given.
+    """
 
     def __init__(
         self,
         optimizer: OptimizerLike,
         warmup_min_lr: FloatOrList = 0.0,
-        warmup_max_lr: FloatOrList = 0.001,
+        warmup_max_lr: FloatOrList | None = None,
         warmup_num_steps: int = 1000,
         warmup_type: str = WARMUP_LOG_RATE,
         last_batch_iteration: int = -1,
     ) -> None:
         super().__init__(optimizer, last_batch_iteration)
         self.min_lrs = per_group(self.optimizer, warmup_min_lr, WARMUP_MIN_LR)
-        self.max_lrs = per_group(self.optimizer, warmup_max_lr, WARMUP_MAX_LR)
+        if warmup_max_lr is None:
+            self.max_lrs = [float(group["lr"]) for group in self.optimizer.param_groups]
+        else:
+            self.max_lrs = per_group(self.optimizer, warmup_max_lr, WARMUP_MAX_LR)
         self.delta_lrs = [hi - lo for hi, lo in zip(self.max_lrs, self.min_lrs)]
         self.warmup_num_steps = max(2, warmup_num_steps)  # ln(1) = 0 would divide by zero
         self.warmup_type = _check_warmup_type(warmup_type)
@@ -68,14 +75,18 @@ class WarmupLR(BatchSchedule):
 
 
 class WarmupDecayLR(WarmupLR):
-    """WarmupLR, then gamma = max(0, (T - i) / max(1, T - N)) with T = total_num_steps."""
+    """WarmupLR, then gamma = max(0, (T - i) / max(1, T - N)) with T = total_num_steps.
+
+    Unlike WarmupLR, warmup_max_lr defaults to 0.001 (upstream's defaults differ so); None
+    given explicitly is each group's own lr, as for WarmupLR.
+    """
 
     def __init__(
         self,
         optimizer: OptimizerLike,
         total_num_steps: int,
         warmup_min_lr: FloatOrList = 0.0,
-        warmup_max_lr: FloatOrList = 0.001,
+        warmup_max_lr: FloatOrList | None = 0.001,
         warmup_num_steps: int = 1000,
         warmup_type: str = WARMUP_LOG_RATE,
         last_batch_iteration: int = -1,

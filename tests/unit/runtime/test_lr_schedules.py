@@ -98,6 +98,36 @@ def test_warmup_decay_lr(warmup_type):
     assert opt.param_groups[0]["lr"] == pytest.approx(lo)
 
 
+def log_warmup(i: int, n: int) -> float:
+    return math.log(i + 1) / math.log(n) if i < n else 1.0
+
+
+@pytest.mark.parametrize("explicit_none", [False, True])
+def test_warmup_lr_max_defaults_to_each_groups_lr(explicit_none):
+    """Upstream's WarmupLR warms up to the lr each group was given when warmup_max_lr is left
+    out (or None): min 0.001 with an optimizer lr of 0.01 rises to 0.01, not to 0.001."""
+    base, lo, n = (0.01, 0.5), 0.001, 4
+    opt = sgd(base)
+    kw = {"warmup_max_lr": None} if explicit_none else {}
+    sched = WarmupLR(opt, warmup_min_lr=lo, warmup_num_steps=n, **kw)
+    assert sched.max_lrs == list(base)
+    expected = [[lo + (b - lo) * log_warmup(i, n) for b in base] for i in range(n + 3)]
+    close(run(sched, opt, n + 3), expected)
+
+
+def test_warmup_lr_max_default_through_the_config_factory():
+    opt = sgd((0.01,))
+    sched = get_lr_scheduler("WarmupLR", opt, {"warmup_min_lr": 0.001, "warmup_num_steps": 4})
+    run(sched, opt, 6)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+def test_warmup_decay_lr_max_default_and_none():
+    """WarmupDecayLR keeps upstream's own default of 0.001; None means the groups' lrs."""
+    assert WarmupDecayLR(sgd((0.5,)), 10).max_lrs == [0.001]
+    assert WarmupDecayLR(sgd((0.5,)), 10, warmup_max_lr=None).max_lrs == [0.5]
+
+
 # ---------------------------------------------------------------- WarmupCosineLR
 
 
