@@ -5,6 +5,14 @@ Cycle (i < L1 + L2, L = L1 + L2, r = L1 / L):
     s = x / r if x <= r else (x - 1) / (r - 1)            (0 -> 1 -> 0 over the cycle)
     lr  = min_lr + (max_lr - min_lr) * s
     mom = max_mom - (max_mom - min_mom) * s
+Stairs (n1 = cycle_first_stair_count, n2 = cycle_second_stair_count, n2 left out = n1):
+s climbs and falls in n equal stairs per half instead of moving every batch. The half's
+count n is picked by x as above (0 or less: no stairs, s as above); with k = b mod L, the
+batch's place in the cycle:
+    k <= L1: s = floor(k * n / L1) / n
+    else:    s = floor((L - k) * n / L2) / n
+The stair is counted from the integer k, not by flooring the float s, which can land a hair
+under a whole stair at a half's end and drop a stair (upstream computes it alike).
 Decay (d = i - L + 1, only when decay_step_size and the rate are non-zero):
     lr  = min_lr / (1 + decay_lr_rate * d / decay_step_size)
     mom = max_mom * (1 + decay_mom_rate * d / decay_step_size)
@@ -20,9 +28,22 @@ import logging
 import math
 
 from .base import BatchSchedule, FloatOrList, OptimizerLike, per_group
-from .constants import CYCLE_MAX_LR, CYCLE_MAX_MOM, CYCLE_MIN_LR, CYCLE_MIN_MOM
+from .constants import (
+    CYCLE_FIRST_STAIR_COUNT,
+    CYCLE_MAX_LR,
+    CYCLE_MAX_MOM,
+    CYCLE_MIN_LR,
+    CYCLE_MIN_MOM,
+    CYCLE_SECOND_STAIR_COUNT,
+)
 
 logger = logging.getLogger(__name__)
+
+
+def _stair_count(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of stairs (0 or less: no stairs), got {value!r}")
+    return value
 
 
 class OneCycle(BatchSchedule):
@@ -52,12 +73,12 @@ class OneCycle(BatchSchedule):
                 f"cycle step sizes must be first > 0, second >= 0; got {first:g}, {second:g}"
             )
         self.step_ratio = first / self.total_size
-        # Accepted and kept for configs, but (as upstream) not applied: the cycle is continuous.
-        self.first_stair_count = cycle_first_stair_count
+        self.first_step_size, self.second_step_size = first, second
+        self.first_stair_count = _stair_count(cycle_first_stair_count, CYCLE_FIRST_STAIR_COUNT)
         self.second_stair_count = (
-            cycle_first_stair_count
+            self.first_stair_count
             if cycle_second_stair_count is None
-            else cycle_second_stair_count
+            else _stair_count(cycle_second_stair_count, CYCLE_SECOND_STAIR_COUNT)
         )
         self.decay_step_size = decay_step_size
 
@@ -81,11 +102,21 @@ class OneCycle(BatchSchedule):
         self._start()
 
     def _scale(self) -> float:
-        b = (self.last_batch_iteration + 1) / self.total_size
+        batch = self.last_batch_iteration + 1
+        b = batch / self.total_size
         x = 1.0 + b - math.floor(1.0 + b)
         if x <= self.step_ratio:
-            return x / self.step_ratio
-        return (x - 1.0) / (self.step_ratio - 1.0)
+            scale, stairs = x / self.step_ratio, self.first_stair_count
+        else:
+            scale, stairs = (x - 1.0) / (self.step_ratio - 1.0), self.second_stair_count
+        if stairs <= 0:
+            return scale
+        k = batch % self.total_size
+        if k <= self.first_step_size:
+            position = k * stairs / self.first_step_size
+        else:
+            position = (self.total_size - k) * stairs / self.second_step_size
+        return math.floor(position) / stairs
 
     def _decay_batch(self) -> float:
         return (self.last_batch_iteration - self.total_size + 1) / self.decay_step_size

@@ -228,6 +228,65 @@ def test_one_cycle_momentum_cycles_beta1():
     assert sched.get_mom() == [got[-1]]
 
 
+def one_cycle_stair_scale(i: int, first: int, second: int, n1: int, n2: int) -> float:
+    """The cycle in stairs: each half's n stairs are equal runs of its batches, the level of
+    stair j being j / n; k is the batch's place in the cycle (k <= first: rising)."""
+    size = first + second
+    k = (i + 1) % size
+    if k <= first:
+        return one_cycle_scale(i, first, second) if n1 <= 0 else math.floor(k * n1 / first) / n1
+    if n2 <= 0:
+        return one_cycle_scale(i, first, second)
+    return math.floor((size - k) * n2 / second) / n2
+
+
+def test_one_cycle_stairs_by_hand():
+    """first 4, two stairs: the rising half holds 0, 0.5, 0.5, then the peak; the falling
+    half (second_stair_count left out: also two) 0.5, 0.5, 0, and the next cycle starts at 0.
+    (Upstream 0.19.8 gives these lrs too.)"""
+    opt = adam()
+    sched = OneCycle(
+        opt, 0.01, 0.1, cycle_first_step_size=4, cycle_first_stair_count=2, cycle_momentum=False
+    )
+    close(run(sched, opt, 8), [[0.01 + 0.09 * s] for s in (0, 0.5, 0.5, 1, 0.5, 0.5, 0, 0)])
+
+
+@pytest.mark.parametrize(
+    "first, second, n1, n2",
+    [(4, 4, 2, None), (4, 6, 0, 3), (5, 3, 2, 3), (6, 9, 4, -1), (10, 10, 3, 7), (3, 3, 5, 5)],
+)
+def test_one_cycle_stairs(first, second, n1, n2):
+    lo, hi, lo_m, hi_m = 0.01, 0.1, 0.8, 0.9
+    opt = adam()
+    sched = OneCycle(
+        opt,
+        lo,
+        hi,
+        cycle_first_step_size=first,
+        cycle_second_step_size=second,
+        cycle_first_stair_count=n1,
+        cycle_second_stair_count=n2,
+        cycle_min_mom=lo_m,
+        cycle_max_mom=hi_m,
+    )
+    size = first + second
+    scales = [
+        one_cycle_stair_scale(i, first, second, n1, n1 if n2 is None else n2) for i in range(size)
+    ]
+    got, betas = [], []
+    for _ in range(size):
+        sched.step()
+        got.append([opt.param_groups[0]["lr"]])
+        betas.append(opt.param_groups[0]["betas"][0])
+    close(got, [[lo + (hi - lo) * s] for s in scales])
+    assert betas == pytest.approx([hi_m - (hi_m - lo_m) * s for s in scales], abs=TOL)
+
+
+def test_one_cycle_stair_count_must_be_a_number():
+    with pytest.raises(ValueError, match="cycle_first_stair_count must be a number.*None"):
+        OneCycle(adam(), 0.01, 0.1, cycle_first_stair_count=None)
+
+
 def test_one_cycle_momentum_off_without_betas():
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1, momentum=0.5)
     sched = OneCycle(opt, 0.01, 0.1, cycle_first_step_size=2)
