@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from . import support
 from .sections.comms_logger import PROF_OPS
-from .sections.scheduler import SCHEDULE_PARAMS
+from .sections.scheduler import SCHEDULE_PARAMS, STEP_COUNT_PARAMS, step_count_problem
 from .sections.sparse_attention import MODE_KEYS
 
 if TYPE_CHECKING:
@@ -305,6 +305,10 @@ def _scheduler(cfg: DeepSpeedConfig, autos: set[str]) -> list[str]:
             out.append(f"scheduler.params.{key} is not a {name} param: {hint}")
         elif isinstance(value, str) and key != "warmup_type":  # (parse took the autos out)
             out.append(f"scheduler.params.{key} is the string {value!r}: give a number")
+        elif key in STEP_COUNT_PARAMS.get(name, ()):
+            problem = step_count_problem(key, value)
+            if problem:
+                out.append(f"scheduler.params.{problem}")
     missing = [k for k in required if k not in sch.params and f"scheduler.params.{k}" not in autos]
     if missing:
         out.append(f"scheduler {name} needs scheduler.params.{', '.join(missing)}")

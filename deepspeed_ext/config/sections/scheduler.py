@@ -76,3 +76,25 @@ SCHEDULE_PARAMS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         ),
     ),
 }
+
+# Step counts the schedules take as upstream does, only as a Python int of 1 or more (upstream
+# refuses 0, negatives, 10.0 and None alike). Checked at config parse and in the constructors.
+STEP_COUNT_PARAMS: dict[str, tuple[str, ...]] = {
+    "LRRangeTest": ("lr_range_test_step_size",),
+    "WarmupLR": ("warmup_num_steps",),
+    "WarmupDecayLR": ("warmup_num_steps",),
+    "WarmupCosineLR": ("warmup_num_steps",),
+}
+
+
+def step_count_problem(name: str, value: object) -> str | None:
+    """Why `value` is not a step count for param `name` (an int of 1 or more), or None."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return None
+    if isinstance(value, float) and value.is_integer() and value > 0:
+        fix = f"write {int(value)}, without the decimal point"
+    elif value is None:
+        fix = "give a whole number of steps, or leave it out for the default"
+    else:
+        fix = "give a whole number of steps, 1 or more"
+    return f"{name} must be a positive integer, got {value!r}: {fix}"

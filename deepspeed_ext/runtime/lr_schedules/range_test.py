@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 
+from ...config.sections.scheduler import step_count_problem
 from .base import BatchSchedule, FloatOrList, OptimizerLike, per_group
-from .constants import LR_RANGE_TEST_MIN_LR
+from .constants import LR_RANGE_TEST_MIN_LR, LR_RANGE_TEST_STEP_SIZE
 
 
 class LRRangeTest(BatchSchedule):
@@ -23,8 +24,9 @@ class LRRangeTest(BatchSchedule):
     ) -> None:
         super().__init__(optimizer, last_batch_iteration)
         self.min_lr = per_group(self.optimizer, lr_range_test_min_lr, LR_RANGE_TEST_MIN_LR)
-        if lr_range_test_step_size <= 0:
-            raise ValueError(f"lr_range_test_step_size must be > 0, got {lr_range_test_step_size}")
+        problem = step_count_problem(LR_RANGE_TEST_STEP_SIZE, lr_range_test_step_size)
+        if problem:  # as upstream: an int of 1 or more
+            raise ValueError(problem)
         self.step_size = lr_range_test_step_size
         self.step_rate = lr_range_test_step_rate
         self.staircase = lr_range_test_staircase

@@ -11,8 +11,15 @@ from __future__ import annotations
 import logging
 import math
 
+from ...config.sections.scheduler import step_count_problem
 from .base import BatchSchedule, FloatOrList, OptimizerLike, per_group
-from .constants import WARMUP_LINEAR_RATE, WARMUP_LOG_RATE, WARMUP_MAX_LR, WARMUP_MIN_LR
+from .constants import (
+    WARMUP_LINEAR_RATE,
+    WARMUP_LOG_RATE,
+    WARMUP_MAX_LR,
+    WARMUP_MIN_LR,
+    WARMUP_NUM_STEPS,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +32,15 @@ def _check_warmup_type(warmup_type: str) -> str:
         )
         return WARMUP_LOG_RATE
     return warmup_type
+
+
+def _check_num_steps(warmup_num_steps: object) -> int:
+    # As upstream: an int of 1 or more (1 then counts as 2, below); 0 or 10.0 are refused.
+    problem = step_count_problem(WARMUP_NUM_STEPS, warmup_num_steps)
+    if problem:
+        raise ValueError(problem)
+    assert isinstance(warmup_num_steps, int)
+    return warmup_num_steps
 
 
 def _warmup_fraction(batch: int, num_steps: int, warmup_type: str) -> float:
@@ -49,6 +65,7 @@ class WarmupLR(BatchSchedule):
         warmup_type: str = WARMUP_LOG_RATE,
         last_batch_iteration: int = -1,
     ) -> None:
+        num_steps = _check_num_steps(warmup_num_steps)
         super().__init__(optimizer, last_batch_iteration)
         self.min_lrs = per_group(self.optimizer, warmup_min_lr, WARMUP_MIN_LR)
         if warmup_max_lr is None:
@@ -56,7 +73,7 @@ class WarmupLR(BatchSchedule):
         else:
             self.max_lrs = per_group(self.optimizer, warmup_max_lr, WARMUP_MAX_LR)
         self.delta_lrs = [hi - lo for hi, lo in zip(self.max_lrs, self.min_lrs)]
-        self.warmup_num_steps = max(2, warmup_num_steps)  # ln(1) = 0 would divide by zero
+        self.warmup_num_steps = max(2, num_steps)  # ln(1) = 0 would divide by zero
         self.warmup_type = _check_warmup_type(warmup_type)
         self._start()
 
@@ -132,10 +149,11 @@ class WarmupCosineLR(BatchSchedule):
         warmup_type: str = WARMUP_LOG_RATE,
         last_batch_iteration: int = -1,
     ) -> None:
+        num_steps = _check_num_steps(warmup_num_steps)
         super().__init__(optimizer, last_batch_iteration)
         self.total_num_steps = total_num_steps
         self.warmup_min_ratio = warmup_min_ratio
-        self.warmup_num_steps = max(2, warmup_num_steps)
+        self.warmup_num_steps = max(2, num_steps)
         self.cos_min_ratio = cos_min_ratio
         self.warmup_type = _check_warmup_type(warmup_type)
         if self.total_num_steps < self.warmup_num_steps:

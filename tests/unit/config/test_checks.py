@@ -72,6 +72,32 @@ from deepspeed_ext.config import ConfigError, parse
             "total_num_steps",
         ),
         (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}},
+            "scheduler.params.warmup_num_steps must be a positive integer, got 0: give a whole",
+        ),
+        (
+            {
+                "scheduler": {
+                    "type": "WarmupCosineLR",
+                    "params": {"total_num_steps": 9, "warmup_num_steps": 10.0},
+                }
+            },
+            "scheduler.params.warmup_num_steps must be a positive integer, got 10.0: write 10",
+        ),
+        (
+            {
+                "scheduler": {
+                    "type": "WarmupDecayLR",
+                    "params": {"total_num_steps": 9, "warmup_num_steps": None},
+                }
+            },
+            "scheduler.params.warmup_num_steps must be a positive integer, got None",
+        ),
+        (
+            {"scheduler": {"type": "LRRangeTest", "params": {"lr_range_test_step_size": -1}}},
+            "scheduler.params.lr_range_test_step_size must be a positive integer, got -1",
+        ),
+        (
             {"comms_logger": {"enabled": True, "prof_all": False, "prof_ops": ["allreduce"]}},
             "comms_logger.prof_ops: 'allreduce' is not a deepspeed.comm op: did you mean "
             "'all_reduce'",

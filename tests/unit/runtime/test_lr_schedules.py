@@ -80,6 +80,33 @@ def test_warmup_num_steps_floor_and_unknown_type():
     close(run(sched, opt, 3), [[0.0], [math.log(2) / math.log(2)], [1.0]])
 
 
+@pytest.mark.parametrize("value", [0, -5, 10.0, None, True, "10"])
+@pytest.mark.parametrize("name", ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR"])
+def test_warmup_num_steps_must_be_a_positive_int(name, value):
+    """Upstream refuses all but an int of 1 or more (ours refuses True too); the message
+    names the param and the value and says what to give."""
+    extra = {} if name == "WarmupLR" else {"total_num_steps": 10}
+    cls = {"WarmupLR": WarmupLR, "WarmupDecayLR": WarmupDecayLR, "WarmupCosineLR": WarmupCosineLR}
+    opt = sgd()
+    with pytest.raises(
+        ValueError, match=rf"warmup_num_steps must be a positive integer, got {value!r}: "
+    ):
+        cls[name](opt, warmup_num_steps=value, **extra)
+    assert opt.param_groups[0]["lr"] == 0.1  # refused before touching the optimizer
+    fix = "write 10, without" if isinstance(value, float) else "give a whole number"
+    with pytest.raises(ValueError, match=fix):
+        get_lr_scheduler(name, opt, {"warmup_num_steps": value, **extra})
+    cls[name](opt, warmup_num_steps=1, **extra)  # 1 is accepted, as upstream (then taken as 2)
+
+
+@pytest.mark.parametrize("value", [0, 2.0, 2.5, None])
+def test_lr_range_test_step_size_must_be_a_positive_int(value):
+    with pytest.raises(
+        ValueError, match=rf"lr_range_test_step_size must be a positive integer, got {value!r}"
+    ):
+        LRRangeTest(sgd(), lr_range_test_step_size=value)
+
+
 @pytest.mark.parametrize("warmup_type", ["log", "linear"])
 def test_warmup_decay_lr(warmup_type):
     lo, hi, n, total = 0.001, 0.1, 5, 20
