@@ -38,14 +38,27 @@ def get_torch_optimizer(optimizer: object) -> Optimizer:
     )
 
 
+def number(value: object, name: str, expected: str = "a number") -> float:
+    """`value` as a float; a TypeError naming `name` for a string or anything not a number
+    (a string is a Sequence, and would otherwise be read as one value per character)."""
+    if not isinstance(value, (str, bytes)):
+        try:
+            return float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            pass
+    hint = " (a string: write the number without quotes)" if isinstance(value, str) else ""
+    raise TypeError(f"{name} must be {expected}, got {value!r}{hint}")
+
+
 def per_group(optimizer: Optimizer, value: FloatOrList, name: str) -> list[float]:
     """One value per param group: a scalar is broadcast, a list must match the group count."""
     n = len(optimizer.param_groups)
-    if isinstance(value, Sequence):
+    expected = f"a number or a list of numbers, one per param group ({n})"
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
         if len(value) != n:
             raise ValueError(f"{name}: expected {n} values (one per param group), got {len(value)}")
-        return [float(v) for v in value]
-    return [float(value)] * n
+        return [number(v, name, expected) for v in value]
+    return [number(value, name, expected)] * n
 
 
 def update_lr(param_groups: list[dict[str, Any]], lrs: Sequence[float]) -> list[float]:

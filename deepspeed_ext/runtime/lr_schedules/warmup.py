@@ -12,12 +12,14 @@ import logging
 import math
 
 from ...config.sections.scheduler import step_count_problem
-from .base import BatchSchedule, FloatOrList, OptimizerLike, per_group
+from .base import BatchSchedule, FloatOrList, OptimizerLike, number, per_group
 from .constants import (
+    COS_MIN_RATIO,
     WARMUP_LINEAR_RATE,
     WARMUP_LOG_RATE,
     WARMUP_MAX_LR,
     WARMUP_MIN_LR,
+    WARMUP_MIN_RATIO,
     WARMUP_NUM_STEPS,
 )
 
@@ -152,9 +154,9 @@ class WarmupCosineLR(BatchSchedule):
         num_steps = _check_num_steps(warmup_num_steps)
         super().__init__(optimizer, last_batch_iteration)
         self.total_num_steps = total_num_steps
-        self.warmup_min_ratio = warmup_min_ratio
+        self.warmup_min_ratio = number(warmup_min_ratio, WARMUP_MIN_RATIO)
         self.warmup_num_steps = max(2, num_steps)
-        self.cos_min_ratio = cos_min_ratio
+        self.cos_min_ratio = number(cos_min_ratio, COS_MIN_RATIO)
         self.warmup_type = _check_warmup_type(warmup_type)
         if self.total_num_steps < self.warmup_num_steps:
             logger.warning(

@@ -420,6 +420,29 @@ def test_per_group_length_mismatch():
         WarmupLR(sgd((0.1, 0.1)), 0.0, [0.1, 0.2, 0.3])
 
 
+_NOT_NUMBERS = ["0.001", ["0.001"], torch.tensor([0.1, 0.2])]
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("warmup_min_lr", v) for v in [*_NOT_NUMBERS, None]]
+    + [("warmup_max_lr", v) for v in _NOT_NUMBERS],  # None is the groups' own lr there
+)
+def test_a_string_for_a_number_names_the_param(name, value):
+    """A string was read as a list of characters ("expected 1 values ... got 5")."""
+    with pytest.raises(TypeError, match=rf"{name} must be a number or a list of numbers, one per"):
+        WarmupLR(sgd(), **{name: value})
+    with pytest.raises(ValueError, match=rf"{name} must be a number or a list of numbers"):
+        get_lr_scheduler("WarmupLR", sgd(), {name: value})
+
+
+def test_one_cycle_and_cosine_string_params_are_named():
+    with pytest.raises(TypeError, match="cycle_max_lr must be a number.*'0.1'.*without quotes"):
+        OneCycle(adam(), 0.01, "0.1")
+    with pytest.raises(TypeError, match="warmup_min_ratio must be a number, got"):
+        WarmupCosineLR(sgd(), 10, warmup_min_ratio=[0.1])
+
+
 def test_get_lr_scheduler_by_name():
     opt = sgd()
     sched = get_lr_scheduler("WarmupDecayLR", opt, {"total_num_steps": 10, "warmup_max_lr": 0.2})
