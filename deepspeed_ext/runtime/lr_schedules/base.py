@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeAlias
 
+import torch
 from torch.optim import Optimizer
 
 
@@ -61,10 +62,15 @@ def per_group(optimizer: Optimizer, value: FloatOrList, name: str) -> list[float
     return [number(value, name, expected)] * n
 
 
-def update_lr(param_groups: list[dict[str, Any]], lrs: Sequence[float]) -> list[float]:
-    """Write `lrs` into the groups and return what the groups now hold."""
+def update_lr(param_groups: list[dict[str, Any]], lrs: Sequence[float]) -> list[Any]:
+    """Write `lrs` into the groups and return what the groups now hold. A group whose lr is
+    a tensor (torch takes one, e.g. for a captured graph) keeps that tensor, filled in place,
+    so what holds a reference to it sees the schedule."""
     for group, lr in zip(param_groups, lrs):
-        group["lr"] = lr
+        if isinstance(group["lr"], torch.Tensor):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
     return [group["lr"] for group in param_groups]
 
 
@@ -74,7 +80,7 @@ class BatchSchedule:
     def __init__(self, optimizer: OptimizerLike, last_batch_iteration: int = -1) -> None:
         self.optimizer = get_torch_optimizer(optimizer)
         self.last_batch_iteration = last_batch_iteration
-        self._last_lr: list[float] | None = None  # what the last write put in the groups
+        self._last_lr: list[Any] | None = None  # what the last write left in the groups
 
     def get_lr(self) -> list[float]:
         raise NotImplementedError
@@ -82,8 +88,8 @@ class BatchSchedule:
     def step(self, last_batch_iteration: int | None = None) -> None:
         self._advance(last_batch_iteration)
 
-    def get_last_lr(self) -> list[float]:
-        """The lrs last written into the optimizer."""
+    def get_last_lr(self) -> list[Any]:
+        """The lrs last written into the optimizer (a group's tensor lr, as upstream)."""
         if self._last_lr is None:
             raise RuntimeError(f"{type(self).__name__}: call step() before get_last_lr()")
         return self._last_lr

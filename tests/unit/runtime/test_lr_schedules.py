@@ -403,6 +403,25 @@ def test_scheduled_lr_drives_the_optimizer():
     assert p.item() == pytest.approx(-(0.0 + 0.25 + 0.5))
 
 
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_a_tensor_lr_stays_the_same_tensor(name):
+    """torch takes a tensor lr; the schedule fills it in place (as upstream) instead of
+    replacing it by a float, and follows the same values as with a float lr."""
+    ref_opt = adam()
+    ref = run(get_lr_scheduler(name, ref_opt, CASES[name]), ref_opt, 8)
+    lr = torch.tensor(0.1)
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([p], lr=lr, betas=(0.9, 0.999))
+    sched = get_lr_scheduler(name, opt, CASES[name])
+    for i in range(8):
+        sched.step()
+        assert opt.param_groups[0]["lr"] is lr, f"batch {i}"
+        assert lr.item() == pytest.approx(ref[i][0], rel=1e-6, abs=1e-9), f"batch {i}"
+        assert sched.get_last_lr()[0] is lr
+    p.grad = torch.ones(2)
+    opt.step()  # the optimizer still steps with its tensor lr
+
+
 def test_wrapped_optimizer_and_bad_optimizer():
     class Wrapper:
         def __init__(self, inner):
