@@ -40,7 +40,7 @@ from deepspeed_ext.accelerator import get_accelerator
 from deepspeed_ext.comm.exchange import budget as exchange_budget
 from deepspeed_ext.comm.exchange import scratch_bytes
 from deepspeed_ext.config import DeepSpeedConfig, parse
-from deepspeed_ext.zero.estimate import model_to_params, zero_model_state_memory
+from deepspeed_ext.zero.estimate import model_param_count, zero_model_state_memory
 
 from .precision import config_dtype
 from .strategy_factory import reduce_bucket_numel
@@ -100,7 +100,7 @@ def estimate_job_memory(
     cfg = config if isinstance(config, DeepSpeedConfig) else parse(config)
     zero = cfg.zero_optimization
     stage = int(zero.stage)
-    psi, _ = model_to_params(model)
+    psi = model_param_count(model)
     params = list(model.parameters())
     p_bytes = 2 if cfg.fp16.enabled or cfg.bf16.enabled else 4
     g_bytes = config_dtype(cfg.data_types.grad_accum_dtype or "fp32").itemsize

@@ -39,15 +39,22 @@ class ModelStateMemory:
         return self.params + self.grads + self.optimizer + self.window
 
 
-def model_to_params(model: nn.Module) -> tuple[int, int]:
-    """(total parameters, counting shared ones once; the largest layer's own parameters)."""
+def model_param_count(model: nn.Module) -> int:
+    """The model's parameters, a shared (tied) one counted once: upstream's
+    `deepspeed.runtime.zero.stage_1_and_2.model_to_params`, which returns this int."""
     seen: dict[int, int] = {}
     for p in model.parameters():
         seen[id(p)] = p.numel()
+    return sum(seen.values())
+
+
+def model_to_params(model: nn.Module) -> tuple[int, int]:
+    """(total parameters, counting shared ones once; the largest layer's own parameters):
+    upstream's `deepspeed.runtime.zero.stage3.model_to_params`."""
     largest = max(
         (sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0
     )
-    return sum(seen.values()), largest
+    return model_param_count(model), largest
 
 
 def zero_model_state_memory(
@@ -175,7 +182,7 @@ def estimate_zero2_model_states_mem_needs_all_live(
     additional_buffer_factor: float = 1.5,
 ) -> None:
     """estimate_zero2_model_states_mem_needs_all_cold for this model's parameter count."""
-    total, _ = model_to_params(model)
+    total = model_param_count(model)
     estimate_zero2_model_states_mem_needs_all_cold(
         total, num_gpus_per_node, num_nodes, additional_buffer_factor
     )

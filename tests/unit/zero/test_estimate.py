@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from deepspeed.runtime.zero import stage3, stage_1_and_2
 from deepspeed.runtime.zero.stage3 import (
     estimate_zero3_model_states_mem_needs,
     estimate_zero3_model_states_mem_needs_all_cold,
@@ -16,7 +17,6 @@ from deepspeed.runtime.zero.stage3 import (
 from deepspeed.runtime.zero.stage_1_and_2 import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_live,
-    model_to_params,
 )
 from deepspeed_ext.zero.estimate import zero_model_state_memory
 
@@ -33,7 +33,13 @@ class Tied(nn.Module):
 
 
 def test_model_to_params_counts_shared_weights_once() -> None:
-    assert model_to_params(Tied()) == (872, 800)
+    # as upstream: stage3's is (total, largest layer); stage_1_and_2's the total alone, an
+    # int that its estimator takes (100*8 embedding, shared with the head, + 8*8 + 8)
+    assert stage3.model_to_params(Tied()) == (872, 800)
+    total = stage_1_and_2.model_to_params(Tied())
+    assert total == 872 and type(total) is int
+    cpu, gpu = estimate_zero2_model_states_mem_needs(total, 1, 1, cpu_offload=False)
+    assert gpu == int(2 * 872 + (4 + 12) * 872)
 
 
 def test_zero2_gpu_memory_is_the_stage2_layout() -> None:
