@@ -10,7 +10,7 @@ from deepspeed_ext.runtime.upstream_utils import (
     move_to_device,
     set_random_seed,
 )
-from deepspeed_ext.utils.splits import partition_uniform
+from deepspeed_ext.utils.splits import partition_uniform, prefix_sum_inc
 
 __all__ = [
     "RepeatingLoader",
@@ -20,6 +20,7 @@ __all__ = [
     "move_to_device",
     "partition_balanced",
     "partition_uniform",
+    "prefix_sum_inc",
     "see_memory_usage",
     "set_random_seed",
 ]

@@ -16,10 +16,24 @@ from deepspeed_ext.accelerator.cuda import CUDAAccelerator
 def test_partitions() -> None:
     assert utils.partition_uniform(5, 2) == [0, 3, 5]  # the first parts take the remainder
     assert utils.partition_uniform(2, 4) == [0, 1, 2, 2, 2]  # fewer items than parts
+    assert utils.partition_uniform(0, 0) == [0]  # nothing in no parts, as upstream
+    assert utils.partition_uniform(0, 3) == [0, 0, 0, 0]
+    for bad in ((5, 0), (-1, 2), (3, -1)):
+        with pytest.raises(ValueError, match=r"partition_uniform\("):
+            utils.partition_uniform(*bad)
     assert utils.partition_balanced([1, 1, 1, 1, 1, 1], 3) == [0, 2, 4, 6]
     assert utils.partition_balanced([1, 1], 4) == [0, 1, 2, 2, 2]
     # the heaviest part as light as it can be: the 8 alone
     assert utils.partition_balanced([1, 1, 8, 1, 1], 3) == [0, 2, 3, 5]
+
+
+def test_prefix_sum_inc() -> None:
+    from deepspeed.runtime.utils import prefix_sum_inc
+
+    weights = [3, 4, 5]
+    assert prefix_sum_inc(weights) == [3, 3 + 4, 3 + 4 + 5] and weights == [3, 4, 5]
+    assert prefix_sum_inc([]) == []
+    assert prefix_sum_inc((0.5, 1.5, 2.0)) == [0.5, 2.0, 4.0]
 
 
 def test_norms_and_names() -> None:
