@@ -96,4 +96,13 @@ class FusedOptimizer(LightOptimizer):
         return loss
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Also another optimizer's (torch.optim.Adam's, say, when a run switches): options
+        its groups lack take this optimizer's defaults, and the subclass adopts its state."""
         load_state_dict_keeping_dtypes(self, state_dict, lambda p: torch.float32)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            self._adopt(group)
+
+    def _adopt(self, group: dict[str, Any]) -> None:
+        """A loaded group's state in this optimizer's form (nothing to change by default)."""

@@ -54,6 +54,15 @@ class FusedAdam(FusedOptimizer):
             return FusedAdamBuilder
         return CPUAdamBuilder if device_type == "cpu" else None
 
+    def _adopt(self, group: dict[str, Any]) -> None:
+        """torch's Adam counts steps per param: a state dict of its gives the group's count
+        (the params of a group step together), or the bias correction would start over."""
+        if "step" in group:
+            return
+        counts = [self.state[p].pop("step") for p in group["params"] if "step" in self.state[p]]
+        if counts:
+            group["step"] = max(int(c) for c in counts)
+
     def _begin_group(self, group: dict[str, Any]) -> None:
         # Step is kept per group, as upstream's FusedAdam does.
         group["step"] = group.get("step", 0) + 1
