@@ -111,6 +111,13 @@ class SparseSelfAttention(nn.Module):
                 f"query has shape {tuple(query.shape)}; expected [batch, heads, seq, head_dim]"
             )
         bsz, heads, seq, head_dim = query.shape
+        kinds = (torch.float32, torch.bfloat16, torch.float16)
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if t.dtype not in kinds:
+                raise TypeError(
+                    f"SparseSelfAttention: {name} has dtype {t.dtype}; the block-sparse kernels "
+                    "take float32, bfloat16 or float16: cast the inputs (e.g. .float())"
+                )
         if seq == 0 or head_dim == 0:
             raise ValueError(
                 f"query has shape {tuple(query.shape)}: the sequence and head_dim must not be empty"

@@ -262,6 +262,8 @@ def test_bad_input_is_named():
         ValueError, match=r"rpe has shape \(2, 2, 64, 64\); expected \[1 \(the batch\)"
     ):
         att(q, q, q, rpe=torch.zeros(2, H, SIDE, SIDE))
+    with pytest.raises(TypeError, match="SparseSelfAttention: key has dtype torch.float64"):
+        att(q, q.double(), q)
     with pytest.raises(ValueError, match="mode='sss'"):
         MatMul(torch.ones(1, 2, 2, dtype=torch.long), BS, "sss")
     lut = lut_for(torch.ones(1, 2, 2, dtype=torch.long), BS)
