@@ -46,14 +46,20 @@ class Fragment:
         hi = min(self.start + self.numel, base + self.chunk)
         return (lo - base, hi - base) if hi > lo else (0, 0)
 
-    def full(self, owner: torch.Tensor) -> torch.Tensor:
+    def full(self, owner: torch.Tensor, gathered: torch.Tensor | None = None) -> torch.Tensor:
+        """gathered: the owners already laid end to end (gather(owner)), for several
+        params of one owner at one collective."""
         if self.chunk == 0:
             return owner.detach().reshape(self.shape).clone()
+        whole = self.gather(owner) if gathered is None else gathered
+        return whole[self.start : self.start + self.numel].view(self.shape).clone()
+
+    def gather(self, owner: torch.Tensor) -> torch.Tensor:
+        """Every rank's owner, laid end to end (collective over the group)."""
         flat = owner.detach().reshape(-1)
         parts = [torch.empty_like(flat) for _ in range(self.group.size)]
         all_gather(parts, flat.contiguous(), group=self.group)
-        whole = torch.cat(parts)
-        return whole[self.start : self.start + self.numel].view(self.shape).clone()
+        return torch.cat(parts)
 
     def local(self, owner: torch.Tensor) -> torch.Tensor:
         lo, hi = self.local_range()

@@ -52,7 +52,9 @@ class ShardedReducer:
         comm_dtype: torch.dtype | None = None,
         flat_scatter: Callable[..., Any] | None = None,
     ) -> None:
-        self.dp = group  # data-parallel
+        # the data-parallel group: it sets the scaling of every bucket; each bucket reduces
+        # over its own group's axis (a spread expert's: its expert-data group)
+        self.dp = group
         self.comm_dtype = comm_dtype  # [Note: communication dtype]; None: accum_dtype
         self.exchange = exchange
         # [Note: ZeRO communication keys]: overlap_comm false waits for each bucket's

@@ -52,25 +52,27 @@ class ZeroStrategy:
         names = {id(p): n for n, p in ctx.module.named_parameters()}
         self.groups: list[ShardedGroup] = []
         self.group_options: list[dict[str, Any]] = []
+        # the dense groups first, then the spread experts' ([Note: ZeRO with spread experts]):
+        # a rank whose experts are frozen has none of the latter, and the dense groups keep
+        # their places in the optimizer (and the rank files) on every rank
+        parts: list[tuple[ExpertGroups | None, list[tuple[str, Any]], dict[str, Any]]] = []
+        experts: list[tuple[ExpertGroups | None, list[tuple[str, Any]], dict[str, Any]]] = []
         for g in ctx.model_groups:
+            options = {k: v for k, v in g.items() if k != "params"}
             trainable = [p for p in g["params"] if p.requires_grad]
-            if not trainable:
-                continue
             named = [(names.get(id(p), f"param{i}"), p) for i, p in enumerate(trainable)]
             spread = [(expert_groups_of(p), (n, p)) for n, p in named]
-            parts: list[tuple[ExpertGroups | None, list[tuple[str, Any]]]]
-            parts = [(None, [x for e, x in spread if e is None])]
-            parts += by_expert_groups(spread)  # [Note: ZeRO with spread experts]
-            for expert, part in parts:
-                if not part:
-                    continue
-                axis = ctx.data if expert is None else expert.expert_data
-                layout = plan_group(
-                    [(n, tuple(p.shape), p.numel()) for n, p in part], axis.size, bucket_numel
-                )
-                grp = ShardedGroup(part, layout, axis, optimizer_device, expert)
-                self.groups.append(grp)
-                self.group_options.append({k: v for k, v in g.items() if k != "params"})
+            parts.append((None, [x for e, x in spread if e is None], options))
+            experts += [(e, part, options) for e, part in by_expert_groups(spread)]
+        for expert, part, options in parts + experts:
+            if not part:
+                continue
+            axis = ctx.data if expert is None else expert.expert_data
+            layout = plan_group(
+                [(n, tuple(p.shape), p.numel()) for n, p in part], axis.size, bucket_numel
+            )
+            self.groups.append(ShardedGroup(part, layout, axis, optimizer_device, expert))
+            self.group_options.append(options)
         # where each of self.groups' masters sit in the optimizer: (param group, offset in
         # its params); a client optimizer's groups can hold several (repoint)
         self.opt_place: list[tuple[int, int]] = [(g, 0) for g in range(len(self.groups))]

@@ -133,12 +133,12 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
     for x in local_experts(engine.module):
         m, glob, expert = x.layer, x.glob, x.module
         writes = m.ep_group is None or m.ep_group.expert_data.rank == 0
-        weights = {glob + k: v.detach().clone() for k, v in expert.state_dict().items()}
         # frozen params stay in the model file (a resume needs them whatever
         # exclude_frozen_parameters says) and are listed, so zero_to_fp32 can leave them out
         opt_state: dict[str, Any] = {"state": {}, "options": {}, "master_weights": {}}
         frozen = [glob + k for k, p in expert.named_parameters() if not p.requires_grad]
         opt_state["frozen"] = frozen
+        gathered: dict[int, torch.Tensor] = {}  # each bucket chunk gathered once per expert
         for k, p in expert.named_parameters():
             # [Note: param fragments]: whole at stage 0, gathered from the copies under ZeRO
             found = strategy.fragment_owner(p, "param")
@@ -146,23 +146,32 @@ def write_expert_files(engine: Any, tmp: Path, mp_rank: int) -> None:
                 continue
             frag, master = found
             name = glob + k
-            opt_state["master_weights"][name] = frag.full(master).float()
+            opt_state["master_weights"][name] = _whole(frag, master, master, gathered).float()
             if optimizer is not None:
                 held = optimizer.state.get(master, {})
-                opt_state["state"][name] = {s: _whole(frag, master, v) for s, v in held.items()}
+                opt_state["state"][name] = {
+                    s: _whole(frag, master, v, gathered, s) for s, v in held.items()
+                }
                 opt_state["options"][name] = options.get(id(master), {})
         if writes:
+            weights = {glob + k: v.detach().clone() for k, v in expert.state_dict().items()}
             model_file, optim_file = expert_file_names(x.layer_index, x.index, mp_rank)
             torch.save(weights, tmp / model_file)
             torch.save(opt_state, tmp / optim_file)
 
 
-def _whole(frag: Any, master: torch.Tensor, value: Any) -> Any:
-    """A param's optimizer state value: its per-element part whole (the master's shape: a
-    fragment of it under ZeRO), any other value (`step`) as held."""
-    if torch.is_tensor(value) and value.shape == master.shape:
+def _whole(
+    frag: Any, master: torch.Tensor, value: Any, gathered: dict[int, torch.Tensor], key: str = ""
+) -> Any:
+    """A param's master or optimizer state value: a per-element one whole (under ZeRO its
+    owner chunks gathered over the copies, once per chunk), any other (`step`) as held."""
+    if key and not is_per_element(key, value, master.numel()):
+        return value.detach().clone() if torch.is_tensor(value) else value
+    if frag.chunk == 0:
         return frag.full(value)
-    return value.detach().clone() if torch.is_tensor(value) else value
+    if id(value) not in gathered:
+        gathered[id(value)] = frag.gather(value)
+    return frag.full(value, gathered[id(value)])
 
 
 def _options_by_tensor(optimizer: Any) -> dict[int, dict[str, Any]]:

@@ -10,9 +10,11 @@ selects stay, or become, fp32: "auto" takes the model's own Hugging Face lists
 (`_keep_in_fp32_modules_strict`, and under fp16 `_keep_in_fp32_modules` too), a list gives
 name patterns (`*` any characters, matched anywhere in the buffer's full name), `[]` none.
 Parameters named by those lists still follow the training dtype, as upstream's.
-Beyond upstream: the running statistics of batch and instance norms take the training dtype
-with their module's parameters (torch's norms take one dtype for both; upstream's rule leaves
-them fp32 beside 16-bit weights, and the forward fails).
+The lists keep buffers only (as upstream's): a pattern that also names parameters is said
+once. Beyond upstream: the running statistics of batch and instance norms always take the
+training dtype with their module's parameters, whatever buffer_dtype or the lists say
+(torch's norms take one dtype for both; upstream's rule leaves them fp32 beside 16-bit
+weights, and the forward fails).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext.utils.logging import logger
 from deepspeed_ext.zero.stage3.param import is_zero_param
 
 CASTABLE = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -68,12 +71,23 @@ def cast_module(
         elif p.dtype in CASTABLE and p.dtype != dtype:
             p.data = p.data.to(dtype)
     pattern = keep_pattern(module, keep, dtype)
+    if pattern is not None and keep != "auto":
+        named = [n for n, _ in module.named_parameters() if pattern.search(n)]
+        if named:
+            logger.warning(
+                f"data_types.keep_in_fp32_modules keeps buffers in fp32, not parameters: "
+                f"{named[:3]}{' ...' if len(named) > 3 else ''} train in {dtype} (their fp32 "
+                "masters hold the precise values); fp16_override_modules runs a module's "
+                "forward in fp32"
+            )
     for full, buf, stats in _buffers(module):
-        if pattern is not None and pattern.search(full):
-            want: torch.dtype | None = torch.float32
+        if stats:  # a norm's running statistics: its weights' dtype
+            want: torch.dtype | None = dtype
+        elif pattern is not None and pattern.search(full):
+            want = torch.float32
         elif buffer_dtype is not None:
             want = buffer_dtype
         else:
-            want = dtype if zero_init or stats else None
+            want = dtype if zero_init else None
         if want is not None and buf.dtype in CASTABLE and buf.dtype != want:
             buf.data = buf.data.to(want)  # in place: a buffer shared by modules stays shared

@@ -325,3 +325,58 @@ def _engine_of(net: nn.Module) -> Any:
 
     engine, *_ = deepspeed.initialize(model=net, config=_config("fp32"))
     return engine
+
+
+def _two_groups(net: nn.Module) -> list[dict[str, Any]]:
+    """Weights and the rest, as a weight-decay split makes them."""
+    named = list(net.named_parameters())
+    return [
+        {"params": [p for n, p in named if n.endswith("weight")]},
+        {"params": [p for n, p in named if not n.endswith("weight")]},
+    ]
+
+
+def _partly_frozen(rank: int) -> Any:
+    """ZeRO 2 at ep_size 2 with two param groups; ep rank 0's experts are frozen, so those
+    ranks have no expert groups at all."""
+    import deepspeed
+
+    net = Net(2, 2)
+    net.load_state_dict(local_experts(whole(2).state_dict(), rank % 2, EXPERTS // 2))
+    if rank % 2 == 0:
+        net.moe.deepspeed_moe.experts.requires_grad_(False)
+    config = _config("fp32", stage=2)
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=_two_groups(net), config=config)
+    return engine
+
+
+def resume_partly_frozen(where: str) -> dict[str, Any]:
+    from deepspeed_ext import comm
+
+    comm.init_distributed()
+    rank = comm.get_rank()
+    a = _partly_frozen(rank)
+    _steps(a, range(2))
+    a.save_checkpoint(where, tag="t")
+    _steps(a, range(2, 3))
+    b = _partly_frozen(rank)
+    b.load_checkpoint(where, tag="t")
+    _steps(b, range(2, 3))
+    return {"uninterrupted": _global_state(a), "resumed": _global_state(b)}
+
+
+def reference_partly_frozen() -> dict[str, torch.Tensor]:
+    """One process: global experts 0 and 1 (ep rank 0's) frozen."""
+    net = whole(2)
+    for j in (0, 1):
+        net.moe.deepspeed_moe.experts.deepspeed_experts[j].requires_grad_(False)
+    trained = [p for p in net.parameters() if p.requires_grad]
+    opt = torch.optim.Adam(trained, lr=LR)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(GAS):
+            for r in range(4):
+                (net(*batch(step, micro, r)) / (GAS * 4)).backward()
+        torch.nn.utils.clip_grad_norm_(trained, CLIP)
+        opt.step()
+    return {n: t.detach().clone() for n, t in net.state_dict().items()}

@@ -130,6 +130,17 @@ def test_checkpoints_resume_at_another_ep_size_and_consolidate(
             torch.testing.assert_close(fp32[n], t, rtol=1e-4, atol=1e-5, msg=n)
 
 
+def test_zero_resumes_with_experts_frozen_on_some_ranks_and_two_param_groups(tmp_path) -> None:
+    """Ranks without expert groups keep the dense groups at the same optimizer places, so
+    the rank files are read alike (was KeyError, or another group's moments)."""
+    outs = run_ranks(moe_runs.resume_partly_frozen, 4, str(tmp_path), timeout=240)
+    ref = moe_runs.reference_partly_frozen()
+    uninterrupted, resumed = _whole(outs, "uninterrupted"), _whole(outs, "resumed")
+    for n, t in ref.items():
+        torch.testing.assert_close(uninterrupted[n], t, rtol=1e-4, atol=1e-5, msg=n)
+        torch.testing.assert_close(resumed[n], uninterrupted[n], rtol=1e-5, atol=1e-6, msg=n)
+
+
 def test_frozen_experts_on_other_ranks_are_left_out_when_asked(tmp_path) -> None:
     out = run_ranks(moe_runs.frozen_export, 2, str(tmp_path), timeout=120)[0]
     expert = "moe.deepspeed_moe.experts.deepspeed_experts."

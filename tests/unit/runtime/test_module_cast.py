@@ -60,7 +60,7 @@ def test_parameters_take_the_training_dtype_and_buffers_keep_theirs() -> None:
     [
         (BF, "auto", {"rot.inv_freq"}),  # the strict list only under bf16
         (F16, "auto", {"rot.inv_freq", "rot.other"}),  # both lists under fp16
-        (BF, ["other", "norm.*mean"], {"rot.other", "norm.running_mean"}),  # patterns
+        (BF, ["other", "norm.*mean"], {"rot.other"}),  # patterns (a norm's stats: bf16)
         (BF, [], set()),
     ],
 )
@@ -71,7 +71,9 @@ def test_buffer_dtype_casts_every_floating_buffer_but_the_kept(
     m.rot.other.data = m.rot.other.data.to(dtype)  # a listed buffer arriving in 16 bits: upcast
     cast_module(m, dtype, dtype, keep)
     d = _dtypes(m)
-    floating = {n for n, b in m.named_buffers() if b.is_floating_point()}
+    stats = {"norm.running_mean", "norm.running_var"}  # always their weights' dtype
+    assert {d[n] for n in stats} == {dtype}
+    floating = {n for n, b in m.named_buffers() if b.is_floating_point()} - stats
     assert {n for n in floating if d[n] == F32} == kept
     assert all(d[n] == dtype for n in floating - kept)
     assert d["rot.count"] == torch.int64
@@ -122,3 +124,10 @@ def test_dtypes_the_model_cannot_take_are_refused(config: dict[str, Any], words:
     with pytest.raises(Exception, match=words):
         parse({"train_batch_size": 8, **config})
     parse({"train_batch_size": 8, "bf16": {"enabled": True}, "data_types": {"param_dtype": "bf16"}})
+
+
+def test_a_norms_statistics_follow_its_weights_whatever_buffer_dtype_says() -> None:
+    m = _Model()
+    cast_module(m, BF, F32, "auto")
+    assert m.norm.running_mean.dtype == m.norm.weight.dtype == BF
+    m(torch.randn(8, 4, dtype=BF))  # torch's norm takes one dtype

@@ -116,3 +116,15 @@ def test_load_from_fp32_weights_picks_where_the_masters_come_from(tmp_path, from
         assert not all(exact), exact
     else:
         assert all(exact), exact
+
+
+def test_cast_half_reaches_nested_inputs_and_keeps_their_types() -> None:
+    import collections
+
+    from deepspeed_ext.runtime.precision import cast_half
+
+    ids = torch.ones(2, dtype=torch.int64)
+    out = cast_half((collections.OrderedDict(x=torch.ones(2), ids=ids), [torch.ones(1)], 3.0))
+    assert type(out[0]) is collections.OrderedDict
+    assert out[0]["x"].dtype == torch.float16 and out[0]["ids"] is ids
+    assert out[1][0].dtype == torch.float16 and out[2] == 3.0
