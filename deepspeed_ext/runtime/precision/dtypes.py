@@ -26,7 +26,7 @@ def cast_half(inputs: Any) -> Any:
     if isinstance(inputs, Mapping):  # OrderedDict, a Hugging Face BatchEncoding: their type
         cast = {k: cast_half(v) for k, v in inputs.items()}
         try:
-            return type(inputs)(cast)
+            return type(inputs)(cast)  # type: ignore[call-arg]
         except TypeError:  # a mapping type that cannot be built from a dict
             return cast
     if torch.is_tensor(inputs) and inputs.is_floating_point():
