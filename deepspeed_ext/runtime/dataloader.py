@@ -12,38 +12,60 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 
 class DeepSpeedDataLoader:
-    """Upstream's attributes: dataset, batch_size, collate_fn, data_sampler (also .sampler),
-    and len() in micro-batches.
+    """Upstream's constructor, attributes (dataset, batch_size, collate_fn, data_sampler and
+    .sampler, num_local_io_workers, pin_memory, dataloader_drop_last, len) and iteration
+    (iter() starts a pass; next() on the loader itself goes on with the current one).
+    Beyond upstream: `shuffle` and `seed` for the sampler it makes; `tput_timer` is accepted
+    and unused (the engine's metrics time the steps); no worker processes unless
+    num_local_io_workers asks (upstream starts two).
 
     [Note: epochs of the loader]
     Each pass that runs to its end moves the sampler to the next epoch (a new shuffle, the
-    same on every rank), so the shards stay disjoint. A pass left unfinished (a rank-0-only
-    peek at one batch to log it) does not: counting every iter() call put that rank on
-    another permutation than the others, and the next epoch's shards overlapped. A sampler
-    given by the caller (data_sampler=) is left alone: set_epoch is theirs to call."""
+    same on every rank), so the shards stay disjoint; upstream replays epoch 0's order until
+    the caller calls set_epoch. The caller's set_epoch(e) before a pass wins, even for the
+    epoch last used (a replay). A pass left unfinished (a rank-0-only peek at one batch to
+    log it) does not move it: counting every iter() call put that rank on another
+    permutation than the others, and the next epoch's shards overlapped. A sampler given by
+    the caller (data_sampler=) is left alone: set_epoch is theirs to call."""
 
     def __init__(
         self,
         dataset: Dataset,
         batch_size: int,
-        rank: int,
-        world_size: int,
+        pin_memory: bool = False,
+        local_rank: int = 0,
+        tput_timer: Any = None,
         collate_fn: Callable[..., Any] | None = None,
+        num_local_io_workers: int | None = None,
+        data_sampler: Any = None,
+        data_parallel_world_size: int | None = None,
+        data_parallel_rank: int | None = None,
+        dataloader_drop_last: bool = False,
+        deepspeed_dataloader_config: dict[str, Any] | None = None,
+        *,
         shuffle: bool = True,
         seed: int = 0,
-        num_workers: int = 0,
-        drop_last: bool = False,
-        data_sampler: Any = None,
-        pin_memory: bool = False,
     ) -> None:
+        if deepspeed_dataloader_config:
+            raise ValueError(
+                "DeepSpeedDataLoader: deepspeed_dataloader_config (data efficiency's "
+                "curriculum sampling) is not built yet; leave it out"
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.collate_fn = collate_fn
+        self.local_rank = local_rank
+        self.tput_timer = tput_timer
+        self.pin_memory = pin_memory
+        self.num_local_io_workers = int(num_local_io_workers or 0)
+        self.dataloader_drop_last = bool(dataloader_drop_last)
+        self.post_process_func: Callable[..., Any] | None = None  # upstream's hook, unset
         self._own_sampler = data_sampler is None
         if data_sampler is None:
-            data_sampler = DistributedSampler(
+            world, rank = data_parallel_world_size, data_parallel_rank
+            data_sampler = _OwnSampler(
                 dataset,
-                num_replicas=world_size,
+                num_replicas=world,
                 rank=rank,
                 shuffle=shuffle,
                 seed=seed,
@@ -55,23 +77,51 @@ class DeepSpeedDataLoader:
             batch_size=batch_size,
             sampler=data_sampler,
             collate_fn=collate_fn,
-            num_workers=num_workers,
-            drop_last=drop_last,
+            num_workers=self.num_local_io_workers,
+            drop_last=self.dataloader_drop_last,
             pin_memory=pin_memory,
         )
+        self.len = len(self.loader)
         self.epoch = 0
-        self._set = 0  # the epoch this loader last gave its sampler
+        self.data: _Pass | None = None  # the pass under way (upstream's name)
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
         if self._own_sampler:
-            if getattr(self.sampler, "epoch", self._set) != self._set:
-                self.epoch = self.sampler.epoch  # the caller's set_epoch (upstream's way) wins
-            self.sampler.set_epoch(self.epoch)
-            self._set = self.epoch
-        return _Pass(self)
+            sampler = self.sampler
+            if sampler.caller_set:  # the caller's set_epoch (upstream's way) wins
+                self.epoch = sampler.epoch
+            sampler.use_epoch(self.epoch)
+        self.data = _Pass(self)
+        return self.data
+
+    def __next__(self) -> Any:
+        """Upstream's loader is its own iterator: next() goes on with the pass under way
+        (starting one if none is)."""
+        if self.data is None:
+            iter(self)
+        assert self.data is not None
+        try:
+            return next(self.data)
+        except StopIteration:
+            self.data = None
+            raise
+
+
+class _OwnSampler(DistributedSampler):
+    """The loader's own sampler: it tells the caller's set_epoch from the loader's."""
+
+    caller_set = False
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.caller_set = True
+
+    def use_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.caller_set = False
 
 
 class _Pass:

@@ -373,7 +373,8 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
     ) -> Any:
         """Upstream's loader: one shard per data-parallel rank (or `data_sampler`'s), the
         micro-batch size, the collate_fn given to initialize unless another is given.
-        `route` is upstream's train/eval/predict/encode tag; every route shards alike."""
+        `route` is upstream's train/eval/predict/encode tag: eval and predict read their
+        shards in order (unshuffled), as upstream's."""
         if route not in _ROUTES:
             raise ValueError(f"deepspeed_io: route {route!r} is not one of {sorted(_ROUTES)}")
         if collate_fn is None:
@@ -381,14 +382,16 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         return DeepSpeedDataLoader(
             dataset,
             batch_size or self._micro_batch_size,
-            self.dp_rank,
-            self.dp_world_size,
-            collate_fn,
-            num_workers=int(num_local_io_workers or 0),
-            drop_last=bool(self.config.dataloader_drop_last),
-            data_sampler=data_sampler,
             # pinned pages only help copies to an accelerator
             pin_memory=bool(pin_memory) and self.device.type != "cpu",
+            local_rank=comm.get_local_rank(),
+            collate_fn=collate_fn,
+            num_local_io_workers=num_local_io_workers,
+            data_sampler=data_sampler,
+            data_parallel_world_size=self.dp_world_size,
+            data_parallel_rank=self.dp_rank,
+            dataloader_drop_last=bool(self.config.dataloader_drop_last),
+            shuffle=route not in ("eval", "predict"),
         )
 
     # -- training ----------------------------------------------------------------------------

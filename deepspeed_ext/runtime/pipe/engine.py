@@ -301,11 +301,11 @@ class PipelineEngine(DeepSpeedEngine, PipeUpstreamHelpers):
         return DeepSpeedDataLoader(
             dataset,
             self.train_micro_batch_size_per_gpu(),
-            self.dp_rank,
-            self.dp_world_size,
-            collate_fn,
+            collate_fn=collate_fn,
+            data_parallel_world_size=self.dp_world_size,
+            data_parallel_rank=self.dp_rank,
+            dataloader_drop_last=bool(self.config.dataloader_drop_last),
             shuffle=False,
-            drop_last=bool(self.config.dataloader_drop_last),
         )
 
     def _bucket_numel(self, params: list[torch.nn.Parameter], elem: int) -> int:
