@@ -119,9 +119,11 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self._norm_axis, self._tp_replicated = tensor_parallel.norm_parts(self.module, self.layout)
         if config.fp16.enabled or config.bf16.enabled:  # [Note: module cast]
             types = config.data_types
+            # data_types.param_dtype, when given, is the one fp16 / bf16 gives (checked)
+            model_dtype = "fp16" if config.fp16.enabled else "bf16"
             cast_module(
                 self.module,
-                torch.float16 if config.fp16.enabled else torch.bfloat16,
+                config_dtype(types.param_dtype or model_dtype),
                 config_dtype(types.buffer_dtype) if types.buffer_dtype else None,
                 types.keep_in_fp32_modules,
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from deepspeed_ext import comm
 from deepspeed_ext.comm.expert_groups import ensure_expert_groups
 from deepspeed_ext.moe.layer import MOELayer
 from deepspeed_ext.utils.logging import logger
@@ -41,7 +42,40 @@ def configure(
     _refuse_unbuilt(config, stage, pipeline, tensor_size, what)
     for m in layers:
         m._set_ep_group(ensure_expert_groups(m.ep_size, before))
+    _check_copies_alike(layers)
     return layers
+
+
+def _check_copies_alike(layers: list[MOELayer]) -> None:
+    """Each expert's copies (its expert-data group) must train the same params: a param
+    frozen on one copy only gets a gradient bucket on the others, which then wait for it
+    forever. Collective: every rank agrees before any refuses."""
+    mismatched = []
+    for li, m in enumerate(layers):
+        assert m.ep_group is not None
+        axis = m.ep_group.expert_data
+        if axis.size == 1:
+            continue
+        dev = comm.collective_device(axis)
+        mine = torch.tensor([float(p.requires_grad) for p in m.experts.parameters()], device=dev)
+        low, high = mine.clone(), mine.clone()
+        comm.all_reduce(low, op=comm.ReduceOp.MIN, group=axis)
+        comm.all_reduce(high, op=comm.ReduceOp.MAX, group=axis)
+        if not torch.equal(low, high):
+            mismatched.append(li)
+    bad = torch.tensor([float(bool(mismatched))], device=comm.collective_device(None))
+    comm.all_reduce(bad, op=comm.ReduceOp.MAX)
+    if bad.item():
+        where = (
+            f"MoE layer(s) {mismatched} (in module order, of those with ep_size > 1) on this rank"
+            if mismatched
+            else "another rank's MoE layers"
+        )
+        raise ValueError(
+            f"{where}: the copies of an expert (its expert-data-parallel group) freeze different "
+            "parameters (requires_grad differs between ranks); freeze an expert alike on every "
+            "rank that holds it, before deepspeed.initialize"
+        )
 
 
 def _refuse_unbuilt(config: Any, stage: int, pipeline: bool, tensor_size: int, what: str) -> None:

@@ -23,6 +23,7 @@ import torch
 from deepspeed_ext import comm
 from deepspeed_ext.comm import all_gather_bucket, collective_device, sum_tensor_over
 from deepspeed_ext.comm.expert_groups import ExpertGroups, by_expert_groups, expert_groups_of
+from deepspeed_ext.utils.logging import logger
 
 from . import checkpoint
 from .client_groups import source_groups
@@ -288,6 +289,7 @@ class ZeroStrategy:
         current = optimizer.state_dict()
         state: dict[int, dict[str, Any]] = {}
         groups, masters = list(current["param_groups"]), []  # the groups of nothing stay
+        placed: dict[int, int] = {}  # optimizer group -> the strategy group that set it
         for g, grp in enumerate(self.groups):
             lay = grp.layout
             names = [s.name for s in lay.slots]
@@ -305,7 +307,18 @@ class ZeroStrategy:
                 else:  # each its own (torch's Adam adds to `step` in place, per param)
                     for pid in ids:
                         state.setdefault(pid, {})[key] = own_copy(value)
-            groups[i] = {**named.options[names[0]], "params": current["param_groups"][i]["params"]}
+            # the first strategy group placed in optimizer group i sets its options: a dense
+            # one where it holds any (the same on every rank), not an expert part after it
+            if i not in placed:
+                placed[i] = g
+                params = current["param_groups"][i]["params"]
+                groups[i] = {**named.options[names[0]], "params": params}
+            elif _options(named.options[names[0]]) != _options(groups[i]):
+                logger.warning(
+                    f"{where}: the params now in optimizer param group {i} were saved with "
+                    "other group options (the grouping changed); the group keeps those of "
+                    f"its first part ({self.groups[placed[i]].layout.slots[0].name})"
+                )
         optimizer.load_state_dict({"state": state, "param_groups": groups})
         self.load_master_partitions(masters)
 
@@ -325,3 +338,7 @@ class ZeroStrategy:
         then = [GroupLayout.from_dict(d) for d in saved]
         if [d.slots for d in now] != [d.slots for d in then]:
             raise ValueError("the checkpoint's parameters do not match this model's (names/shapes)")
+
+
+def _options(group: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in group.items() if k != "params"}

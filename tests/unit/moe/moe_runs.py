@@ -380,3 +380,52 @@ def reference_partly_frozen() -> dict[str, torch.Tensor]:
         torch.nn.utils.clip_grad_norm_(trained, CLIP)
         opt.step()
     return {n: t.detach().clone() for n, t in net.state_dict().items()}
+
+
+def _by_local_index(net: Net) -> list[dict[str, Any]]:
+    """Two groups of other options, each holding dense params and experts by their local
+    index (so an expert changes group when the ep_size changes)."""
+    first = [
+        *net.inp.parameters(),
+        *net.moe.deepspeed_moe.experts.deepspeed_experts[0].parameters(),
+    ]
+    ids = {id(p) for p in first}
+    rest = [p for p in net.parameters() if id(p) not in ids]
+    return [{"params": first, "lr": 2e-2}, {"params": rest, "lr": 1e-2, "betas": (0.8, 0.99)}]
+
+
+def regrouped_options(where: str) -> list[tuple[float, tuple[float, ...]]]:
+    """Saved at ZeRO 2 ep_size 2, loaded at ep_size 4: each optimizer group's options."""
+    import deepspeed
+    from deepspeed_ext import comm
+
+    comm.init_distributed()
+    rank = comm.get_rank()
+    config = _config("fp32", stage=2)
+    engines = []
+    for ep in (2, 4):
+        net = Net(ep, 2)
+        net.load_state_dict(local_experts(whole(2).state_dict(), rank % ep, EXPERTS // ep))
+        opt = torch.optim.Adam(_by_local_index(net))
+        engine, *_ = deepspeed.initialize(model=net, optimizer=opt, config=config)
+        engines.append(engine)
+    _steps(engines[0], range(1))
+    engines[0].save_checkpoint(where, tag="t")
+    engines[1].load_checkpoint(where, tag="t")
+    return [(g["lr"], tuple(g["betas"])) for g in engines[1].optimizer.param_groups]
+
+
+def mismatched_freeze() -> str:
+    """ep_size 2 on 4 ranks; rank 1 freezes its second expert, whose copy on rank 3 trains."""
+    import deepspeed
+    from deepspeed_ext import comm
+
+    comm.init_distributed()
+    net = Net(2, 1)
+    if comm.get_rank() == 1:
+        net.moe.deepspeed_moe.experts.deepspeed_experts[1].requires_grad_(False)
+    try:
+        deepspeed.initialize(model=net, config=_config("fp32", stage=2))
+    except ValueError as e:
+        return str(e)
+    return "accepted"

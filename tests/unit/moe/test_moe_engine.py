@@ -141,6 +141,24 @@ def test_zero_resumes_with_experts_frozen_on_some_ranks_and_two_param_groups(tmp
         torch.testing.assert_close(resumed[n], uninterrupted[n], rtol=1e-5, atol=1e-6, msg=n)
 
 
+def test_a_group_keeps_one_set_of_options_on_every_rank_when_experts_change_group(
+    tmp_path,
+) -> None:
+    """An optimizer group holding dense params and (by local index) experts: at another
+    ep_size an expert comes from the other group; the dense part's options win on every
+    rank (an expert part written last gave ranks other learning rates for the same param)."""
+    outs = run_ranks(moe_runs.regrouped_options, 4, str(tmp_path), timeout=240)
+    assert all(o == outs[0] for o in outs), outs
+    assert outs[0] == [(2e-2, (0.9, 0.999)), (1e-2, (0.8, 0.99))], outs[0]
+
+
+def test_copies_of_an_expert_frozen_differently_are_refused_on_every_rank() -> None:
+    """(They hung: the trained copy's bucket waited for the frozen one.)"""
+    outs = run_ranks(moe_runs.mismatched_freeze, 4, timeout=120)
+    assert all("freeze different parameters" in o for o in outs), outs
+    assert "MoE layer(s) [0]" in outs[1] and "another rank's" in outs[0], outs
+
+
 def test_frozen_experts_on_other_ranks_are_left_out_when_asked(tmp_path) -> None:
     out = run_ranks(moe_runs.frozen_export, 2, str(tmp_path), timeout=120)[0]
     expert = "moe.deepspeed_moe.experts.deepspeed_experts."
