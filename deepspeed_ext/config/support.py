@@ -109,9 +109,6 @@ REFUSED: dict[str, Rule] = {
         allowed=("PYTHON",),
     ),
     "zero_optimization.compute_grad_norm": Rule(f"skipping the gradient norm {_UNBUILT}"),
-    "zero_optimization.ignore_unused_parameters": Rule(
-        f"failing on parameters that got no gradient {_UNBUILT}"
-    ),
     "zero_optimization.legacy_stage1": Rule("legacy stage 1 was removed upstream; drop it"),
     "zero_optimization.zero_hpz_partition_size": Rule(_ZEROPP),
     "zero_optimization.zero_quantized_weights": Rule(_ZEROPP),
@@ -329,6 +326,14 @@ def stage_mismatched(cfg: DeepSpeedConfig) -> list[str]:
             ("load_from_fp32_weights",),
             "at zero_optimization.stage 0: a checkpoint's fp32 masters always load there (as "
             "upstream's)",
+        )
+    if stage in (0, 3):
+        out += _unread(
+            cfg,
+            "zero_optimization",
+            ("ignore_unused_parameters",),
+            f"at zero_optimization.stage {stage}: it is read at stages 1 and 2 (upstream's at "
+            "stage 2)",
         )
     return out + _unread_elsewhere(cfg)
 

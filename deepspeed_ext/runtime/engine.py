@@ -463,6 +463,28 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         self.micro_steps += 1
         self._boundary_override = None
 
+    def _check_unused(self) -> None:
+        """zero_optimization.ignore_unused_parameters false (stages 1 and 2, as upstream's):
+        a trainable param that got no gradient in the step stops training by name, on every
+        rank alike (a rank stopping alone would leave the others in the next collective)."""
+        zero = self.config.zero_optimization
+        if zero.ignore_unused_parameters or zero.stage not in (1, 2):
+            return
+        names = self.strategy.unused_params()  # type: ignore[attr-defined]
+        flag = torch.tensor([float(bool(names))], device=comm.collective_device(None))
+        comm.all_reduce(flag, op=comm.ReduceOp.MAX)
+        if flag.item():
+            which = (
+                f"{names[:5]}{' ...' if len(names) > 5 else ''} got no gradient on this rank"
+                if names
+                else "a parameter got no gradient on another rank"
+            )
+            raise RuntimeError(
+                f"zero_optimization.ignore_unused_parameters is false and {which} in this "
+                "step: make every trainable parameter take part in the loss, freeze the unused "
+                "ones (requires_grad=False), or set ignore_unused_parameters true"
+            )
+
     def _model_step(
         self,
         lr_kwargs: dict[str, Any],
@@ -470,6 +492,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         pipe_extra: torch.Tensor | float = 0.0,
     ) -> StepOutcome:
         """[Note: optimizer step]: shared with the pipeline engine."""
+        self._check_unused()
         if self._tp_replicated:
             replicated_sq = replicated_sq + tensor_parallel.replicated_grad_sq(
                 self.strategy,

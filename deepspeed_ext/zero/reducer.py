@@ -85,6 +85,7 @@ class ShardedReducer:
                 self.members[self.index[(g, b)]] += 1
                 self.where[id(p)] = (g, b)
         self.buffers: dict[int, torch.Tensor] = {}
+        self.seen: set[int] = set()  # params that got a gradient since the last zero()
         for g, grp in enumerate(groups):
             grp.grads = []
             for b, m in enumerate(grp.masters):
@@ -139,6 +140,7 @@ class ShardedReducer:
         if i not in self.buffers:
             self.buffers[i] = self._new_buffer(i)
         assert p.grad is not None
+        self.seen.add(id(p))
         self._view(self.buffers[i], self.groups[g], p).add_(p.grad)
         p.grad = None
         if self.reduce_now:
@@ -224,6 +226,7 @@ class ShardedReducer:
         self.reduce_now = False
 
     def zero(self) -> None:
+        self.seen.clear()
         for grp in self.groups:
             for g in grp.grads:
                 g.zero_()

@@ -228,6 +228,14 @@ class ZeroStrategy:
     def zero_grads(self) -> None:
         self.reducer.zero()
 
+    def unused_params(self) -> list[str]:
+        """Trainable params that got no gradient since the last step
+        (zero_optimization.ignore_unused_parameters false refuses to step then)."""
+        seen = self.reducer.seen
+        return [
+            grp.slot_of[id(p)].name for grp in self.groups for p in grp.params if id(p) not in seen
+        ]
+
     def remove_hooks(self) -> None:
         self.reducer.remove_hooks()
 
