@@ -2,10 +2,7 @@
 
 from deepspeed_ext.comm import (
     ReduceOp,
-    all_gather,
-    all_reduce,
     barrier,
-    broadcast,
     comms_logger,
     configure,
     destroy_process_group,
@@ -18,9 +15,12 @@ from deepspeed_ext.comm import (
     new_group,
 )
 from deepspeed_ext.comm.torch_style import (
+    all_gather,
     all_gather_into_tensor,
     all_gather_object,
+    all_reduce,
     all_to_all_single,
+    broadcast,
     broadcast_object_list,
     gather,
     inference_all_reduce,

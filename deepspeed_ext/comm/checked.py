@@ -34,7 +34,7 @@ def is_host_group(group: Any) -> bool:
     return any(group is g for g in _host_groups)
 
 
-def _dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """Contiguous, or channels-last contiguous (which NCCL takes too)."""
     if t.is_contiguous():
         return True
@@ -48,7 +48,7 @@ _DENSE_OPS = frozenset("all_reduce broadcast reduce send recv isend irecv".split
 
 def _check_dense(op: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     t = args[0] if args else kwargs.get("tensor")
-    if isinstance(t, torch.Tensor) and not _dense(t):
+    if isinstance(t, torch.Tensor) and not is_dense(t):
         raise ValueError(
             f"{op}: a non-contiguous tensor (shape {tuple(t.shape)}, strides {t.stride()}); "
             "gloo would move the wrong elements without an error: pass t.contiguous() (and "

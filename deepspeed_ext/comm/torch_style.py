@@ -1,16 +1,140 @@
-"""The rest of upstream deepspeed.comm's collectives, with torch.distributed's signatures
-(upstream's are torch's): each resolves `group` (an AxisGroup, a process group, or None for
-the world) and, in a world of one rank without a process group, acts as the identity."""
+"""Upstream deepspeed.comm's collectives, with torch.distributed's signatures (upstream's
+are torch's): each resolves `group` (an AxisGroup, a process group, or None for the world)
+and, in a world of one rank without a process group, acts as the identity.
+
+These are the user-facing face (deepspeed.comm re-exports them); the runtime calls the
+helpers in collectives.py and sharded.py, whose behaviour it relies on. Two things differ
+from those helpers, as torch's own functions behave:
+- async_op=True always returns a handle whose wait() works, a completed one where nothing
+  moves (a group of one rank);
+- all_reduce, broadcast, reduce and inference_all_reduce take a tensor that is not dense (a
+  strided view such as x[::2], a transpose): they run on a dense copy and copy the result
+  back (after wait() under async_op=True). The comm door (checked.py) still refuses such a
+  tensor from the runtime's own calls, where one is a bug.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .checked import dist
+from .checked import dist, is_dense
 from .collectives import ReduceOp
 from .layout import resolve
+
+
+class Completed:
+    """The handle an async collective returns where it had nothing to move (a group of one
+    rank, or a world of one without a process group): done already, as torch's handle is
+    after its wait()."""
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        pass
+
+    def result(self) -> list[torch.Tensor]:
+        return []
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result([])
+        return fut
+
+
+def _done(async_op: bool) -> Any:
+    return Completed() if async_op else None
+
+
+class Joined:
+    """Several async handles as one: wait() waits for each, then runs `then` once (the copy
+    of a dense buffer back into the caller's view). is_completed() is true only once the
+    result is where the caller reads it."""
+
+    def __init__(self, works: list[Any], then: Callable[[], Any] | None = None) -> None:
+        self._works = works
+        self._then = then
+
+    def _finish(self) -> None:
+        if self._then is not None:
+            then, self._then = self._then, None
+            then()
+
+    def wait(self, timeout: Any = None) -> bool:
+        for w in self._works:
+            w.wait() if timeout is None else w.wait(timeout)
+        self._finish()
+        return True
+
+    def is_completed(self) -> bool:
+        if all(w.is_completed() for w in self._works):
+            self._finish()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        return all(w.is_success() for w in self._works)
+
+    def exception(self) -> Any:
+        return next((e for w in self._works if (e := w.exception()) is not None), None)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._works[-1], name)
+
+
+def _in_place(tensor: torch.Tensor, run: Callable[[torch.Tensor], Any]) -> Any:
+    """run(t) on `tensor`, or, where it is not dense, on a dense copy whose result is copied
+    back: gloo would move a view's storage as if it were dense."""
+    if is_dense(tensor):
+        return run(tensor)
+    buf = tensor.contiguous()
+    work = run(buf)
+    if work is None:
+        tensor.copy_(buf)
+        return None
+    return Joined([work], lambda: tensor.copy_(buf))
+
+
+def all_reduce(
+    tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
+) -> Any:
+    pg, size = resolve(group)
+    if size == 1:
+        return _done(async_op)
+    return _in_place(tensor, lambda t: dist.all_reduce(t, op=op, group=pg, async_op=async_op))
+
+
+def broadcast(tensor: torch.Tensor, src: int, group: Any = None, async_op: bool = False) -> Any:
+    """src is a global rank (torch's convention)."""
+    pg, size = resolve(group)
+    if size == 1:
+        return _done(async_op)
+    return _in_place(tensor, lambda t: dist.broadcast(t, src=src, group=pg, async_op=async_op))
+
+
+def all_gather(
+    tensor_list: list[torch.Tensor],
+    tensor: torch.Tensor,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    pg, size = resolve(group)
+    if size == 1:
+        tensor_list[0].copy_(tensor)
+        return _done(async_op)
+    return dist.all_gather(tensor_list, tensor, group=pg, async_op=async_op)
 
 
 def reduce_scatter_tensor(
@@ -23,7 +147,7 @@ def reduce_scatter_tensor(
     pg, size = resolve(group)
     if size == 1:
         output.copy_(input.view_as(output))
-        return None
+        return _done(async_op)
     return dist.reduce_scatter_tensor(output, input, op=op, group=pg, async_op=async_op)
 
 
@@ -37,7 +161,7 @@ def reduce_scatter(
     pg, size = resolve(group)
     if size == 1:
         output.copy_(input_list[0])
-        return None
+        return _done(async_op)
     return dist.reduce_scatter(output, input_list, op=op, group=pg, async_op=async_op)
 
 
@@ -50,7 +174,7 @@ def all_gather_into_tensor(
     pg, size = resolve(group)
     if size == 1:
         output_tensor.copy_(input_tensor.view_as(output_tensor))
-        return None
+        return _done(async_op)
     return dist.all_gather_into_tensor(output_tensor, input_tensor, group=pg, async_op=async_op)
 
 
@@ -65,7 +189,7 @@ def all_to_all_single(
     pg, size = resolve(group)
     if size == 1:
         output.copy_(input)
-        return None
+        return _done(async_op)
     return dist.all_to_all_single(
         output, input, output_split_sizes, input_split_sizes, group=pg, async_op=async_op
     )
@@ -79,7 +203,9 @@ def reduce(
     async_op: bool = False,
 ) -> Any:
     pg, size = resolve(group)
-    return None if size == 1 else dist.reduce(tensor, dst, op=op, group=pg, async_op=async_op)
+    if size == 1:
+        return _done(async_op)
+    return _in_place(tensor, lambda t: dist.reduce(t, dst, op=op, group=pg, async_op=async_op))
 
 
 def gather(
@@ -93,7 +219,7 @@ def gather(
     if size == 1:
         if gather_list:
             gather_list[0].copy_(tensor)
-        return None
+        return _done(async_op)
     return dist.gather(tensor, gather_list, dst=dst, group=pg, async_op=async_op)
 
 
@@ -108,7 +234,7 @@ def scatter(
     if size == 1:
         if scatter_list:
             tensor.copy_(scatter_list[0])
-        return None
+        return _done(async_op)
     return dist.scatter(tensor, scatter_list, src=src, group=pg, async_op=async_op)
 
 
@@ -154,5 +280,4 @@ def inference_all_reduce(
     tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None, async_op: bool = False
 ) -> Any:
     """Upstream's low-latency all-reduce for inference kernels; the same sum here."""
-    pg, size = resolve(group)
-    return None if size == 1 else dist.all_reduce(tensor, op=op, group=pg, async_op=async_op)
+    return all_reduce(tensor, op=op, group=group, async_op=async_op)
