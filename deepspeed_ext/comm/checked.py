@@ -22,7 +22,8 @@ from .comms_logging import comms_logger, timed_call
 
 _TENSOR_OPS = frozenset(
     "all_reduce broadcast all_gather all_gather_into_tensor all_gather_single reduce_scatter "
-    "reduce_scatter_tensor reduce_scatter_single all_to_all_single reduce gather scatter "
+    "reduce_scatter_tensor reduce_scatter_single all_to_all_single all_to_all reduce "
+    "gather scatter "
     "send recv isend irecv".split()
 )
 # Groups made with backend="gloo" beside the default one: host groups (a GPU run keeps its
@@ -78,6 +79,18 @@ def _checked(name: str, fn: Any, logged: bool = True) -> Any:
         return out
 
     return call
+
+
+def batch_isend_irecv(ops: list[tuple[str, torch.Tensor, int, Any, int]]) -> list[Any]:
+    """torch's batch_isend_irecv of (name "isend" or "irecv", tensor, global peer, process
+    group, tag) each, through the checks a single isend or irecv gets; their handles."""
+    p2p = []
+    for name, tensor, peer, group, tag in ops:
+        _check_dense(name, (tensor,), {})
+        if strict.active():
+            strict.check_collective(name, [tensor], not is_host_group(group))
+        p2p.append(_td.P2POp(getattr(_td, name), tensor, peer, group, tag))
+    return [waits.TimedWork(w) for w in _td.batch_isend_irecv(p2p)]
 
 
 def _new_group(*args: Any, **kwargs: Any) -> Any:

@@ -20,9 +20,10 @@ from typing import Any
 
 import torch
 
-from .checked import dist, is_dense
+from . import checked
+from .checked import ALL_GATHER_OP, REDUCE_SCATTER_OP, dist, is_dense
 from .collectives import ReduceOp
-from .layout import resolve
+from .layout import AxisGroup, resolve
 
 
 class Completed:
@@ -281,3 +282,141 @@ def inference_all_reduce(
 ) -> Any:
     """Upstream's low-latency all-reduce for inference kernels; the same sum here."""
     return all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+
+def all_to_all(
+    output_tensor_list: list[torch.Tensor],
+    input_tensor_list: list[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """output_tensor_list[i] gets input_tensor_list[rank] of group rank i."""
+    pg, size = resolve(group)
+    if size == 1:
+        output_tensor_list[0].copy_(input_tensor_list[0])
+        return _done(async_op)
+    return dist.all_to_all(output_tensor_list, input_tensor_list, group=pg, async_op=async_op)
+
+
+def all_reduce_coalesced(
+    tensors: list[torch.Tensor],
+    op: Any = ReduceOp.SUM,
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """Each tensor all-reduced in place, in one flat all-reduce per dtype and device (torch's
+    own all_reduce_coalesced is deprecated): every rank passes the same shapes and dtypes in
+    the same order."""
+    pg, size = resolve(group)
+    if size == 1 or not tensors:
+        return _done(async_op)
+    buckets: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+    for t in tensors:
+        buckets.setdefault((t.dtype, t.device), []).append(t)
+    flats = [(torch.cat([t.reshape(-1) for t in ts]), ts) for ts in buckets.values()]
+    works = [dist.all_reduce(flat, op=op, group=pg, async_op=async_op) for flat, _ in flats]
+
+    def copy_back() -> None:
+        for flat, ts in flats:
+            at = 0
+            for t in ts:
+                t.copy_(flat[at : at + t.numel()].view(t.shape))
+                at += t.numel()
+
+    if not async_op:
+        copy_back()
+        return None
+    return Joined(works, copy_back)
+
+
+def all_gather_coalesced(
+    output_tensors: list[torch.Tensor],
+    input_tensors: list[torch.Tensor],
+    group: Any = None,
+    async_op: bool = False,
+) -> Any:
+    """all_gather_into_tensor of each (output, input) pair."""
+    if len(output_tensors) != len(input_tensors):
+        raise ValueError(
+            f"all_gather_coalesced: {len(output_tensors)} output tensors for "
+            f"{len(input_tensors)} input tensors"
+        )
+    pg, size = resolve(group)
+    if size == 1:
+        for out, inp in zip(output_tensors, input_tensors, strict=True):
+            out.copy_(inp.view_as(out))
+        return _done(async_op)
+    gather = getattr(dist, ALL_GATHER_OP)
+    works = [
+        gather(out, inp, group=pg, async_op=async_op)
+        for out, inp in zip(output_tensors, input_tensors, strict=True)
+    ]
+    return Joined(works) if async_op else None
+
+
+class P2POp:
+    """One send or receive of batch_isend_irecv: op is this module's isend or irecv (kept as
+    its name, "isend" or "irecv"), peer a global rank."""
+
+    def __init__(
+        self,
+        op: Callable[..., Any],
+        tensor: torch.Tensor,
+        peer: int,
+        group: Any = None,
+        tag: int = 0,
+    ) -> None:
+        if op is isend:
+            self.op = "isend"
+        elif op is irecv:
+            self.op = "irecv"
+        else:
+            raise ValueError(f"P2POp: op must be deepspeed.comm.isend or irecv, not {op!r}")
+        self.tensor = tensor
+        self.peer = peer
+        self.group = group
+        self.tag = tag
+
+
+def batch_isend_irecv(p2p_op_list: list[P2POp]) -> list[Any]:
+    """Start every send and receive of the list together; their handles, in its order."""
+    return checked.batch_isend_irecv(
+        [(p.op, p.tensor, p.peer, resolve(p.group)[0], p.tag) for p in p2p_op_list]
+    )
+
+
+def get_world_group() -> Any:
+    """torch's default process group (None before one is made)."""
+    return dist.group.WORLD
+
+
+def get_global_rank(group: Any = None, group_rank: int = 0) -> int:
+    """The global rank of the process at index group_rank of `group` (None: the world)."""
+    if isinstance(group, AxisGroup):
+        return group.global_rank(group_rank)
+    if group is None or not dist.is_initialized() or group is dist.group.WORLD:
+        return group_rank
+    return int(dist.get_global_rank(group, group_rank))
+
+
+def get_all_ranks_from_group(group: Any = None) -> list[int]:
+    """The global ranks of `group` (None: the world), in group-rank order."""
+    if isinstance(group, AxisGroup):
+        return list(group.ranks)
+    if not dist.is_initialized():
+        return [0]
+    if group is None or group is dist.group.WORLD:
+        return list(range(dist.get_world_size()))
+    return [int(r) for r in dist.get_process_group_ranks(group)]
+
+
+def is_available() -> bool:
+    return bool(dist.is_available())
+
+
+def has_all_gather_into_tensor() -> bool:
+    return hasattr(dist, ALL_GATHER_OP)
+
+
+def has_reduce_scatter_tensor() -> bool:
+    return hasattr(dist, REDUCE_SCATTER_OP)

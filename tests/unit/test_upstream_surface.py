@@ -129,6 +129,17 @@ SURFACE = {
         "set_accelerator",
     ],
     "deepspeed.comm": [
+        "P2POp",
+        "all_gather_coalesced",
+        "all_reduce_coalesced",
+        "all_to_all",
+        "batch_isend_irecv",
+        "get_all_ranks_from_group",
+        "get_global_rank",
+        "get_world_group",
+        "has_all_gather_into_tensor",
+        "has_reduce_scatter_tensor",
+        "is_available",
         "ReduceOp",
         "all_gather",
         "all_gather_into_tensor",
@@ -158,6 +169,7 @@ SURFACE = {
         "scatter",
         "send",
     ],
+    "deepspeed.comm.comm": ["all_reduce", "get_global_rank", "init_distributed"],
 }
 
 

@@ -1,7 +1,8 @@
 """deepspeed.comm (the user-facing face) against torch.distributed's semantics, on 2 real
 gloo ranks: async_op wherever torch takes it (a completed handle on a group of one rank),
-and tensors that are not dense (a strided view, a transpose), which run on a dense copy and
-land in the caller's tensor. One spawn serves every check."""
+upstream's other names (group queries, all_to_all, the coalesced collectives, batched
+point-to-point), and tensors that are not dense (a strided view, a transpose), which run on
+a dense copy and land in the caller's tensor. One spawn serves every check."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_all_gather_takes_async_op(runs: list[dict]) -> None:
 
 def test_async_op_on_a_group_of_one_returns_a_completed_handle(runs: list[dict]) -> None:
     res = runs[0]["solo_async"]
-    assert len(res) == 11
+    assert len(res) == 14
     for name, got in res.items():
         assert got == ("ok", True, [0.0, 1.0, 2.0]), (name, got)
 
@@ -49,6 +50,67 @@ def test_world_of_one_without_a_process_group_returns_completed_handles() -> Non
         assert h.wait() and h.is_completed() and h.exception() is None
     assert dist.all_reduce(x) is None
     assert torch.equal(x, torch.arange(3.0))
+    assert dist.get_all_ranks_from_group() == [0] and dist.get_global_rank() == 0
+
+
+def test_group_queries(runs: list[dict]) -> None:
+    for r in runs:
+        assert r["get_global_rank_world"] == 1
+        assert r["ranks_world"] == [0, 1]
+        assert r["ranks_world_group"] == [0, 1]
+        assert r["world_group_is_torchs"] is True
+        assert r["flags"] == (True, True, True)
+        assert r["import_comm_comm"] is True
+    assert runs[1]["get_global_rank_g1"] == 1
+    assert runs[1]["ranks_g1"] == [1]
+
+
+@pytest.mark.parametrize("key", ["all_to_all", "all_to_all_async"])
+def test_all_to_all(runs: list[dict], key: str) -> None:
+    for me, r in enumerate(runs):
+        got = r[key]
+        assert not isinstance(got, str), got
+        # rank i's input j is 10 i + j: output i is rank i's input `me`
+        assert [t.tolist() for t in got] == [[10.0 * i + me] * 2 for i in range(2)]
+
+
+@pytest.mark.parametrize("key", ["all_reduce_coalesced", "all_reduce_coalesced_async"])
+def test_all_reduce_coalesced(runs: list[dict], key: str) -> None:
+    want = [
+        torch.full((2,), 1.0) + torch.full((2,), 2.0),
+        torch.arange(3) * 1 + torch.arange(3) * 2,
+        (torch.arange(8.0) * 1)[::2] + (torch.arange(8.0) * 2)[::2],
+        torch.full((2, 2), 3.0),
+    ]
+    for r in runs:
+        got = r[key]
+        assert not isinstance(got, str), got
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), (g, w)
+
+
+@pytest.mark.parametrize("key", ["all_gather_coalesced", "all_gather_coalesced_async"])
+def test_all_gather_coalesced(runs: list[dict], key: str) -> None:
+    for r in runs:
+        got = r[key]
+        assert not isinstance(got, str), got
+        assert got[0].tolist() == [1.0, 1.0, 2.0, 2.0]
+        assert got[1].tolist() == [5, 6]
+
+
+def test_batch_isend_irecv(runs: list[dict]) -> None:
+    for me, r in enumerate(runs):
+        got = r["batch_isend_irecv"]
+        assert not isinstance(got, str), got
+        n, t = got
+        assert n == 2 and t.tolist() == [7.0 + 1 - me] * 2
+
+
+def test_p2p_op_takes_only_isend_or_irecv() -> None:
+    import deepspeed.comm as dist
+
+    with pytest.raises(ValueError, match="isend or irecv"):
+        dist.P2POp(dist.send, torch.zeros(1), 0)
 
 
 @pytest.mark.parametrize("key", ["all_reduce_strided", "all_reduce_strided_async"])
