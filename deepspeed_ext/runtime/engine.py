@@ -471,9 +471,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         if zero.ignore_unused_parameters or zero.stage not in (1, 2):
             return
         names = self.strategy.unused_params()  # type: ignore[attr-defined]
-        flag = torch.tensor([float(bool(names))], device=comm.collective_device(None))
-        comm.all_reduce(flag, op=comm.ReduceOp.MAX)
-        if flag.item():
+        if comm.sum_over(float(bool(names))) > 0:  # on any rank
             which = (
                 f"{names[:5]}{' ...' if len(names) > 5 else ''} got no gradient on this rank"
                 if names

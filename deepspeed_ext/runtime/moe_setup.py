@@ -63,9 +63,7 @@ def _check_copies_alike(layers: list[MOELayer]) -> None:
         comm.all_reduce(high, op=comm.ReduceOp.MAX, group=axis)
         if not torch.equal(low, high):
             mismatched.append(li)
-    bad = torch.tensor([float(bool(mismatched))], device=comm.collective_device(None))
-    comm.all_reduce(bad, op=comm.ReduceOp.MAX)
-    if bad.item():
+    if comm.sum_over(float(bool(mismatched))) > 0:  # on any rank
         where = (
             f"MoE layer(s) {mismatched} (in module order, of those with ep_size > 1) on this rank"
             if mismatched
