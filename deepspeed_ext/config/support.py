@@ -39,26 +39,37 @@ class Rule:
 
 
 _ZEROPP = "ZeRO++ (quantized weights/gradients, hierarchical partitions) is not built yet"
-_MICS = "MiCS (sharding within sub-groups) is not built yet"
+_MICS = "MiCS (sharding within sub-groups) was removed upstream in 0.19; remove it"
+# upstream 0.19 refuses these as removed features (not waiting to be built here): say so
+_GONE = "was removed upstream in 0.19 (its config refuses it too); remove it"
 _SP = "Ulysses sequence parallelism is not built yet"
 _OBS = "(not built yet)"
 _UNBUILT = "(not built yet)"
 
 REFUSED: dict[str, Rule] = {
     # whole sections (refused when turned on)
-    "amp": Rule("NVIDIA apex AMP is not supported; use fp16 or bf16"),
+    "amp": Rule(f"NVIDIA apex AMP {_GONE}, and use fp16, bf16 or torch_autocast"),
     "autotuning": Rule(f"the autotuner {_UNBUILT}"),
     "compile": Rule(f"DeepCompile {_UNBUILT}"),
-    "compression_training": Rule(f"compression training {_UNBUILT}"),
-    "curriculum_learning": Rule(f"curriculum learning {_UNBUILT}"),
+    "compression_training": Rule(f"the compression library {_GONE}"),
+    "curriculum_learning": Rule(
+        f"the legacy top-level curriculum_learning {_GONE} (upstream's successor, "
+        "data_efficiency.data_sampling.curriculum_learning, is not built yet)"
+    ),
     "data_efficiency": Rule(f"data efficiency (curriculum, random-LTD) {_UNBUILT}"),
-    "eigenvalue": Rule(f"eigenvalue computation {_UNBUILT}"),
-    "elasticity": Rule(f"elastic training {_UNBUILT}"),
-    "expert_parallel": Rule(f"expert parallelism (MoE) {_UNBUILT}"),
+    "eigenvalue": Rule(f"eigenvalue-based mixture of quantization {_GONE}"),
+    "elasticity": Rule(
+        f"elastic training {_GONE}; set train_batch_size / train_micro_batch_size_per_gpu / "
+        "gradient_accumulation_steps directly"
+    ),
+    "expert_parallel": Rule(
+        "AutoEP (experts injected into an unmodified model's MoE blocks) is not built yet; "
+        "build the model's MoE layers with deepspeed.moe.layer.MoE(..., ep_size=N) instead"
+    ),
     "hybrid_engine": Rule(f"the hybrid (RLHF) engine {_UNBUILT}"),
-    "nebula": Rule(f"Nebula checkpointing {_UNBUILT}"),
-    "progressive_layer_drop": Rule(f"progressive layer drop {_UNBUILT}"),
-    "quantize_training": Rule(f"quantization-aware training {_UNBUILT}"),
+    "nebula": Rule(f"Nebula checkpointing {_GONE}"),
+    "progressive_layer_drop": Rule(f"progressive layer drop {_GONE}"),
+    "quantize_training": Rule(f"mixture of quantization (quantize_training) {_GONE}"),
     "tensor_parallel.vocab_parallel_lm_head": Rule(
         f"a vocabulary-parallel lm_head {_UNBUILT}; lm_head stays whole", allowed=(False,)
     ),
@@ -93,8 +104,11 @@ REFUSED: dict[str, Rule] = {
         f"DataStates checkpointing {_UNBUILT}", allowed=(False, {}, {"enabled": False})
     ),
     # single keys
-    "sparse_gradients": Rule(f"sparse embedding gradients {_UNBUILT}"),
-    "graph_harvesting": Rule(f"CUDA-graph harvesting {_UNBUILT}"),
+    "sparse_gradients": Rule(
+        f"sparse compression of dense embedding gradients {_GONE} (an nn.Embedding with "
+        "sparse=True is not built yet either)"
+    ),
+    "graph_harvesting": Rule(f"CUDA-graph harvesting {_GONE}"),
     "sequence_parallel_size": Rule(_SP, allowed=(1,)),
     "disable_allgather": Rule(f"replacing the all-gather by broadcasts {_UNBUILT}"),
     "fp16.fp16_master_weights_and_grads": Rule(f"fp16 master weights {_UNBUILT}"),
@@ -114,7 +128,7 @@ REFUSED: dict[str, Rule] = {
     "zero_optimization.zero_quantized_weights": Rule(_ZEROPP),
     "zero_optimization.zero_quantized_nontrainable_weights": Rule(_ZEROPP),
     "zero_optimization.zero_quantized_gradients": Rule(_ZEROPP),
-    "zero_optimization.zeropp_loco_param": Rule(_ZEROPP),
+    "zero_optimization.zeropp_loco_param": Rule(f"LoCo-ZeRO++ {_GONE}"),
     "zero_optimization.mics_shard_size": Rule(_MICS),
     "zero_optimization.mics_hierarchical_params_gather": Rule(_MICS),
     "zero_optimization.pipeline_loading_checkpoint": Rule(
