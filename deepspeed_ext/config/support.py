@@ -384,6 +384,21 @@ def _unread_elsewhere(cfg: DeepSpeedConfig) -> list[str]:
             f"with a static fp16.loss_scale ({fp16.loss_scale:g}): they drive dynamic loss "
             "scaling (loss_scale 0)",
         )
+    if not (fp16.enabled or cfg.bf16.enabled):
+        out += _unread(
+            cfg,
+            "data_types",
+            ("keep_in_fp32_modules",),
+            "without fp16 or bf16: nothing is cast to 16 bits ([Note: module cast])",
+        )
+    if not fp16.enabled:  # with fp16 off, fp16's own loss-scale keys drive nothing
+        out += _unread(
+            cfg,
+            "fp16",
+            ("initial_scale_power", "loss_scale_window", "hysteresis", "min_loss_scale"),
+            "with fp16.enabled false (torch_autocast in fp16 scales the loss as torch's "
+            "GradScaler does)",
+        )
     if _is_set(cfg, "gradient_predivide_factor") and (
         cfg.prescale_gradients or cfg.gradient_allreduce_op != "mean"
     ):

@@ -6,7 +6,8 @@ gradients and the optimizer stay fp32, and the engine's forward (a pipeline stag
 runs inside `torch.autocast(device, dtype)`, which picks each op's precision. The dtype
 unset is the device's autocast default (bf16 on the host, fp16 on CUDA), as torch.autocast
 takes it. With fp16 the loss is scaled as torch's GradScaler scales it by default (2**16 at
-first, halved and the step skipped on overflow, doubled after 2000 clean steps), so an
+first, halved and the step skipped on overflow, doubled after 2000 clean steps; below 1
+too), so an
 overflowing step is skipped as under the fp16 section. Gradients are reduced in
 communication_data_type (fp32 unless set): upstream reduces those of its
 `lower_precision_safe_modules` (Linear and Conv by default) in the autocast dtype, so that
@@ -41,8 +42,15 @@ def forward_context(dtype: torch.dtype | None, device_type: str) -> Any:
 
 
 def loss_scaler() -> DynamicLossScaler:
-    """torch.amp.GradScaler's defaults, in the engine's loss scaler (no hysteresis)."""
-    return DynamicLossScaler(init_scale=2.0**16, scale_window=2000, hysteresis=1)
+    """torch.amp.GradScaler's defaults, in the engine's loss scaler (no hysteresis, and no
+    floor but float32's smallest normal, where GradScaler has none)."""
+    return DynamicLossScaler(
+        init_scale=2.0**16,
+        scale_window=2000,
+        hysteresis=1,
+        min_scale=float(torch.finfo(torch.float32).tiny),
+        advice='Set torch_autocast.dtype "bf16".',
+    )
 
 
 def check(config: Any, dtype: torch.dtype | None) -> None:

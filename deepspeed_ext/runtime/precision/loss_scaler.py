@@ -50,8 +50,10 @@ class DynamicLossScaler(StaticLossScaler):
         consecutive_hysteresis: bool = False,
         min_scale: float = 1.0,
         scale_factor: float = 2.0,
+        advice: str | None = None,
     ) -> None:
         super().__init__(init_scale)
+        self.advice = advice  # the LossScaleError's way out (the fp16 section's by default)
         self.scale_window = scale_window
         self.hysteresis = hysteresis
         self.consecutive_hysteresis = consecutive_hysteresis
@@ -67,11 +69,14 @@ class DynamicLossScaler(StaticLossScaler):
                 # at the minimum already (upstream's test: a scale set below the minimum
                 # is raised to it by its first overflow, not stopped)
                 if self.cur_scale == self.min_scale:
+                    advice = self.advice or (
+                        'Train in bf16 instead ("bf16": {"enabled": true}, "fp16": '
+                        '{"enabled": false}), or lower fp16.min_loss_scale.'
+                    )
                     raise LossScaleError(
                         f"fp16 gradients overflow even at the minimum loss scale "
                         f"({self.min_scale:g}), step after step: fp16 cannot represent this "
-                        'model\'s gradients. Train in bf16 instead ("bf16": {"enabled": '
-                        'true}, "fp16": {"enabled": false}), or lower fp16.min_loss_scale.'
+                        f"model's gradients. {advice}"
                     )
                 self.cur_scale = max(self.cur_scale / self.scale_factor, self.min_scale)
             else:

@@ -27,14 +27,16 @@ from deepspeed_ext.comm import group_broadcast, init_distributed, is_initialized
 from deepspeed_ext.comm.layout import data_axis
 from deepspeed_ext.config import DeepSpeedConfig, parse
 
+from ..keep_fp32 import keep_fp32
 from .kept_whole import kept_whole
 from .param import convert, is_zero_param
 
 _DEFAULT_PERSISTENCE = 100_000
-# Upstream's Init redirects tensor constructors through this wrapper; transformers'
-# prevent_arange_dtype_change swaps the wrapper and compares against the original arange.
-# Our Init leaves constructors alone (buffers keep the dtype and device their module gives
-# them; parameters are cast and moved as they are partitioned), so these exist for them.
+# Inside an Init with a dtype (from the config's fp16 / bf16, or given), these constructors
+# make floating tensors in that dtype, as upstream's Init makes them ([Note: module cast]):
+# a buffer made by torch.ones(d) is 16-bit, one made by arange(...).float() stays fp32.
+# transformers' prevent_arange_dtype_change swaps the wrapper for _orig_torch_arange.
+_CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
 _orig_torch_arange = torch.arange
 
 
@@ -133,12 +135,13 @@ class Init:
         )
         self.pin_memory = pin_memory
         self.dtype = dtype or (self._config_dtype(cfg) if cfg is not None else None)
+        self.keep = cfg.data_types.keep_in_fp32_modules if cfg is not None else "auto"
         if not is_initialized():
             init_distributed(verbose=False)
         # partitioned over the data-parallel group: an explicit one, the mpu's, or the
         # current layout's (the whole world without model parallelism)
         self.group = data_axis(data_parallel_group, mpu)
-        self._patched: list[tuple[type, Any]] = []
+        self._patched: list[tuple[Any, Any]] = []  # (class or module, (attribute, original))
         if module is not None:
             self.partition_module(module)
 
@@ -171,6 +174,8 @@ class Init:
             convert(p, self.group, self.shard_device, full.device, persist)
             if self.pin_memory and self.shard_device.type == "cpu" and full.device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()
+        if self.dtype is not None:  # the buffers the model names for fp32, back to fp32 now
+            keep_fp32(module, self.keep, self.dtype)  # (before a checkpoint loads into them)
 
     # -- the context --
     def __enter__(self) -> Init:
@@ -188,6 +193,12 @@ class Init:
                 _active[0]._wrap(cls)
 
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
+        if self.dtype is not None:
+            for name in _CONSTRUCTORS:
+                original_fn = getattr(torch, name)
+                self._patched.append((torch, (name, original_fn)))
+                wrapped = zero_wrapper_for_fp_tensor_constructor(original_fn, self.dtype)
+                setattr(torch, name, wrapped)
         if self.override_apply:  # zero_optimization.override_module_apply
             original_apply = torch.nn.Module.__dict__["apply"]
             self._patched.append((torch.nn.Module, ("apply", original_apply)))

@@ -131,3 +131,52 @@ def test_a_norms_statistics_follow_its_weights_whatever_buffer_dtype_says() -> N
     cast_module(m, BF, F32, "auto")
     assert m.norm.running_mean.dtype == m.norm.weight.dtype == BF
     m(torch.randn(8, 4, dtype=BF))  # torch's norm takes one dtype
+
+
+def test_a_shared_buffer_is_kept_under_either_name() -> None:
+    m = nn.Module()
+    m.a, m.b = nn.Module(), nn.Module()
+    shared = torch.full((2,), 1 / 3)
+    m.a.register_buffer("sh", shared)
+    m.b.register_buffer("sh", shared)
+    cast_module(m, BF, BF, ["a.sh"])
+    assert m.a.sh is m.b.sh and m.b.sh.dtype == F32
+
+
+def test_a_bad_keep_pattern_names_the_key() -> None:
+    with pytest.raises(ValueError, match="data_types.keep_in_fp32_modules: .* not a valid"):
+        keep_pattern(_Model(), ["b(b"], BF)
+
+
+class _Made(nn.Module):
+    """Buffers made as models make them, inside zero.Init."""
+
+    _keep_in_fp32_modules_strict = ["kept"]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("ones", torch.ones(4))  # a constructor: the Init's dtype
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 4, 2).float() / 4)))
+        self.register_buffer("grid", torch.linspace(0, 1, 3, dtype=torch.float64))
+        self.register_buffer("kept", torch.zeros(2))  # the model's list: back to fp32
+
+
+def _made_under_init() -> dict[str, torch.dtype]:
+    import deepspeed
+
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True}}
+    config["zero_optimization"] = {"stage": 3}
+    config["optimizer"] = {"type": "SGD", "params": {"lr": 0.1}}
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        m = _Made()
+    made = {n: b.dtype for n, b in m.named_buffers()}
+    assert torch.ones(1).dtype == F32  # the constructors are torch's again
+    engine, *_ = deepspeed.initialize(model=m, config=config)
+    assert {n: b.dtype for n, b in engine.module.named_buffers()} == made  # the engine agrees
+    return made
+
+
+def test_zero_init_makes_constructed_tensors_in_its_dtype_as_upstreams() -> None:
+    made = run_ranks(_made_under_init, 1)[0]
+    assert made == {"ones": BF, "inv_freq": F32, "grid": torch.float64, "kept": F32}, made

@@ -166,3 +166,15 @@ def test_fp16_autocast_with_gradient_compression_is_refused_once_the_dtype_is_kn
     autocast.check(config, autocast.autocast_dtype(config.torch_autocast, "cpu"))  # bf16: fine
     with pytest.raises(ValueError, match="gradient_compression does not work with torch_autocast"):
         autocast.check(config, autocast.autocast_dtype(config.torch_autocast, "cuda"))
+
+
+def test_the_fp16_loss_scale_halves_below_one_as_grad_scalers_does() -> None:
+    from deepspeed_ext.runtime.precision import LossScaleError, autocast
+
+    scaler = autocast.loss_scaler()
+    for _ in range(17):  # 2**16 halved 17 times (GradScaler has no floor)
+        scaler.update(True)
+    assert scaler.loss_scale == 0.5
+    scaler.cur_scale = scaler.min_scale
+    with pytest.raises(LossScaleError, match='torch_autocast.dtype "bf16"'):
+        scaler.update(True)
