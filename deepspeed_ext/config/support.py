@@ -389,7 +389,8 @@ def _unread_elsewhere(cfg: DeepSpeedConfig) -> list[str]:
             cfg,
             "data_types",
             ("keep_in_fp32_modules",),
-            "without fp16 or bf16: nothing is cast to 16 bits ([Note: module cast])",
+            "in the engine without fp16 or bf16: it casts nothing to 16 bits (a zero.Init "
+            "given a dtype reads it; [Note: module cast])",
         )
     if not fp16.enabled:  # with fp16 off, fp16's own loss-scale keys drive nothing
         out += _unread(

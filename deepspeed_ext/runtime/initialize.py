@@ -8,6 +8,7 @@ import torch
 
 from deepspeed_ext.config import parse
 from deepspeed_ext.utils.logging import logger
+from deepspeed_ext.zero.stage3.init import torch_constructors
 
 from .engine import DeepSpeedEngine
 from .model_parallel_zero import fallback_stage
@@ -35,6 +36,39 @@ def initialize(
     mpu: a Megatron-style object (get_data_parallel_group(), get_model_parallel_*(), ...) or
     a PipelineParallelGrid; data parallelism, ZeRO and batch sizes then run over its
     data-parallel group ([Note: parallel layout])."""
+    with torch_constructors():  # torch's own, inside a zero.Init that changed them
+        return _initialize(
+            args,
+            model,
+            optimizer,
+            model_parameters,
+            training_data,
+            lr_scheduler,
+            distributed_port,
+            mpu,
+            dist_init_required,
+            collate_fn,
+            config,
+            mesh_param,
+            config_params,
+        )
+
+
+def _initialize(
+    args: Any,
+    model: torch.nn.Module | None,
+    optimizer: Any,
+    model_parameters: Any,
+    training_data: Any,
+    lr_scheduler: Any,
+    distributed_port: int,
+    mpu: Any,
+    dist_init_required: bool | None,
+    collate_fn: Any,
+    config: Any,
+    mesh_param: Any,
+    config_params: Any,
+) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     if model is None:
         raise ValueError("deepspeed.initialize needs model=<your torch.nn.Module>")
     if mesh_param is not None:

@@ -16,7 +16,9 @@ other changes after construction need GatheredParameters(..., modifier_rank=0).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,23 @@ _DEFAULT_PERSISTENCE = 100_000
 # a buffer made by torch.ones(d) is 16-bit, one made by arange(...).float() stays fp32.
 # transformers' prevent_arange_dtype_change swaps the wrapper for _orig_torch_arange.
 _CONSTRUCTORS = ("tensor", "empty", "zeros", "ones", "full", "arange", "eye", "randn")
+_ORIGINAL = {name: getattr(torch, name) for name in _CONSTRUCTORS}
 _orig_torch_arange = torch.arange
+
+
+@contextlib.contextmanager
+def torch_constructors() -> Iterator[None]:
+    """torch's own constructors for a while, inside an Init that changed them: this
+    package's internals ask for the dtypes they mean (fp32 masters, float64 sums), and
+    deepspeed.initialize runs inside it ([Note: module cast])."""
+    now = {name: getattr(torch, name) for name in _CONSTRUCTORS}
+    for name, fn in _ORIGINAL.items():
+        setattr(torch, name, fn)
+    try:
+        yield
+    finally:
+        for name, fn in now.items():
+            setattr(torch, name, fn)
 
 
 def zero_wrapper_for_fp_tensor_constructor(
@@ -51,13 +69,14 @@ def zero_wrapper_for_fp_tensor_constructor(
             kwargs["device"] = target_device
         out = fn(*args, **kwargs)
         if target_fp_dtype is not None and out.is_floating_point():
-            out = out.to(target_fp_dtype)
+            out.data = out.data.to(target_fp_dtype)  # .data: a requires_grad one stays a leaf
         return out
 
     return wrapped
 
 
 _active: list[Init] = []
+_building = [0]  # modules whose __init__ is running (0: the last one built was outermost)
 
 
 def _all_subclasses(cls: type) -> list[type]:
@@ -144,6 +163,7 @@ class Init:
         self._patched: list[tuple[Any, Any]] = []  # (class or module, (attribute, original))
         if module is not None:
             self.partition_module(module)
+            self.keep_buffers(module)
 
     @staticmethod
     def _device() -> torch.device:
@@ -174,8 +194,12 @@ class Init:
             convert(p, self.group, self.shard_device, full.device, persist)
             if self.pin_memory and self.shard_device.type == "cpu" and full.device.type != "cpu":
                 p.ds_tensor = p.ds_tensor.pin_memory()
-        if self.dtype is not None:  # the buffers the model names for fp32, back to fp32 now
-            keep_fp32(module, self.keep, self.dtype)  # (before a checkpoint loads into them)
+
+    def keep_buffers(self, module: torch.nn.Module) -> None:
+        """The buffers the model names for fp32 (data_types.keep_in_fp32_modules), back to
+        fp32 once a whole module is built in this Init's dtype."""
+        if self.dtype is not None:
+            keep_fp32(module, self.keep, self.dtype)
 
     # -- the context --
     def __enter__(self) -> Init:
@@ -194,10 +218,9 @@ class Init:
 
         torch.nn.Module.__init_subclass__ = classmethod(init_subclass)  # type: ignore[assignment]
         if self.dtype is not None:
-            for name in _CONSTRUCTORS:
-                original_fn = getattr(torch, name)
-                self._patched.append((torch, (name, original_fn)))
-                wrapped = zero_wrapper_for_fp_tensor_constructor(original_fn, self.dtype)
+            for name in _CONSTRUCTORS:  # torch's own, wrapped (an inner Init's dtype wins)
+                self._patched.append((torch, (name, getattr(torch, name))))
+                wrapped = zero_wrapper_for_fp_tensor_constructor(_ORIGINAL[name], self.dtype)
                 setattr(torch, name, wrapped)
         if self.override_apply:  # zero_optimization.override_module_apply
             original_apply = torch.nn.Module.__dict__["apply"]
@@ -225,12 +248,16 @@ class Init:
         def init(obj: Any, *args: Any, **kwargs: Any) -> None:
             depth = obj.__dict__.get("_z3_init_depth", 0)
             object.__setattr__(obj, "_z3_init_depth", depth + 1)
+            _building[0] += 1
             try:
                 original(obj, *args, **kwargs)
             finally:
                 object.__setattr__(obj, "_z3_init_depth", depth)
+                _building[0] -= 1
             if depth == 0 and _active:
                 _active[-1].partition_module(obj)
+                if _building[0] == 0:  # the outermost module built: full names ([Note:
+                    _active[-1].keep_buffers(obj)  # module cast]), before a checkpoint loads
 
         init._z3_wrapped = True  # type: ignore[attr-defined]
         cls.__init__ = init  # type: ignore[misc]

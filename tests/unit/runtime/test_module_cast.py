@@ -180,3 +180,43 @@ def _made_under_init() -> dict[str, torch.dtype]:
 def test_zero_init_makes_constructed_tensors_in_its_dtype_as_upstreams() -> None:
     made = run_ranks(_made_under_init, 1)[0]
     assert made == {"ones": BF, "inv_freq": F32, "grid": torch.float64, "kept": F32}, made
+
+
+def _inside_init() -> dict[str, Any]:
+    import deepspeed
+    from deepspeed_ext.zero.stage3.init import torch_constructors
+
+    class Nested(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = nn.Module()
+            self.layer.rot = nn.Module()
+            self.layer.rot.register_buffer("f", torch.ones(2))  # a constructor's: bf16
+
+    out: dict[str, Any] = {}
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 3},
+        "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+        "data_types": {"keep_in_fp32_modules": ["^rot"]},  # anchored: the full name
+    }
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        out["explicit"] = torch.zeros(1, dtype=torch.float64).dtype  # as upstream's Init
+        out["leaf"] = torch.zeros(2, requires_grad=True).is_leaf
+        with torch_constructors():
+            out["own"] = torch.zeros(1, dtype=torch.float64).dtype
+        out["nested_f"] = Nested().layer.rot.f.dtype  # "^rot" names no full name here
+    plain = nn.Linear(4, 4)  # built outside; initialize called inside an Init
+    with deepspeed.zero.Init(dtype=torch.bfloat16):
+        zero2 = {**config, "zero_optimization": {"stage": 2}}
+        engine, *_ = deepspeed.initialize(model=plain, config=zero2)
+    out["masters"] = {m.dtype for g in engine.strategy.groups for m in g.masters}
+    return out
+
+
+def test_inside_zero_init_the_packages_own_code_keeps_its_dtypes() -> None:
+    out = run_ranks(_inside_init, 1)[0]
+    assert out["explicit"] == BF and out["own"] == torch.float64 and out["leaf"]
+    assert out["nested_f"] == BF
+    assert out["masters"] == {F32}
