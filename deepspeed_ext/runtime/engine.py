@@ -117,24 +117,22 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
         )
         # [Note: AutoTP in the engine]: the norm's group, and what this rank takes away
         self._norm_axis, self._tp_replicated = tensor_parallel.norm_parts(self.module, self.layout)
-        if config.fp16.enabled or config.bf16.enabled:  # [Note: module cast]
+        half = "fp16" if config.fp16.enabled else "bf16" if config.bf16.enabled else None
+        if half is not None:  # [Note: module cast]
             types = config.data_types
             # data_types.param_dtype, when given, is the one fp16 / bf16 gives (checked)
-            model_dtype = "fp16" if config.fp16.enabled else "bf16"
             cast_module(
                 self.module,
-                config_dtype(types.param_dtype or model_dtype),
+                config_dtype(types.param_dtype or half),
                 config_dtype(types.buffer_dtype) if types.buffer_dtype else None,
                 types.keep_in_fp32_modules,
             )
         # [Note: torch_autocast]: the model stays fp32; the forward runs under torch.autocast
-        self._device_type = self.device.type
-        self._autocast = autocast.autocast_dtype(config.torch_autocast, self._device_type)
+        self._autocast = autocast.autocast_dtype(config.torch_autocast, self.device.type)
         autocast.check(config, self._autocast)
         self._auto_cast = bool(config.fp16.auto_cast)
-        if config.fp16_override_modules:
-            dtype = torch.float16 if config.fp16.enabled else torch.bfloat16
-            compute_in_fp32(self.module, config.fp16_override_modules, dtype)
+        if config.fp16_override_modules:  # (refused without fp16 or bf16)
+            compute_in_fp32(self.module, config.fp16_override_modules, config_dtype(half))
         # [Note: expert groups]: before the broadcast, which skips spread experts
         self.moe_layers = moe_setup.configure(
             self.module,
@@ -412,7 +410,7 @@ class DeepSpeedEngine(EngineSurface, EngineManual, torch.nn.Module):
 
     def autocast_forward(self) -> Any:
         """torch.autocast where torch_autocast is on ([Note: torch_autocast])."""
-        return autocast.forward_context(self._autocast, self._device_type)
+        return autocast.forward_context(self._autocast, self.device.type)
 
     def _show_loss_scale(self) -> None:
         """Upstream's fp16 optimizers carry the scale (`loss_scale`; ZeRO's `cur_scale` and

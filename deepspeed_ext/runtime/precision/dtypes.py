@@ -16,19 +16,25 @@ def config_dtype(name: object) -> torch.dtype:
     return DTYPES[str(name)]
 
 
-def cast_half(inputs: Any) -> Any:
-    """Floating-point tensors in (nested) lists, tuples and mappings cast to fp16; the rest
-    as they are (fp16.auto_cast, as upstream's; a mapping keeps its type, where upstream's
-    becomes a plain dict or, not being a dict, stays uncast)."""
-    if isinstance(inputs, (list, tuple)):
-        items = [cast_half(v) for v in inputs]
-        return type(inputs)(*items) if hasattr(inputs, "_fields") else type(inputs)(items)
-    if isinstance(inputs, Mapping):  # OrderedDict, a Hugging Face BatchEncoding: their type
-        cast = {k: cast_half(v) for k, v in inputs.items()}
+def cast_floating(value: Any, dtype: torch.dtype) -> Any:
+    """Floating-point tensors in (nested) lists, tuples and mappings cast to `dtype`; the
+    rest as they are. Containers keep their types (a namedtuple, an OrderedDict, a Hugging
+    Face BatchEncoding or ModelOutput), where they can be rebuilt from their items."""
+    if isinstance(value, (list, tuple)):
+        items = [cast_floating(v, dtype) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, Mapping):
+        cast = {k: cast_floating(v, dtype) for k, v in value.items()}
         try:
-            return type(inputs)(cast)  # type: ignore[call-arg]
+            return type(value)(cast)  # type: ignore[call-arg]
         except TypeError:  # a mapping type that cannot be built from a dict
             return cast
-    if torch.is_tensor(inputs) and inputs.is_floating_point():
-        return inputs.half()
-    return inputs
+    if torch.is_tensor(value) and value.is_floating_point():
+        return value.to(dtype)
+    return value
+
+
+def cast_half(inputs: Any) -> Any:
+    """fp16.auto_cast's cast of a forward's inputs, as upstream's (which turns a mapping
+    into a plain dict or, not being a dict, leaves it uncast)."""
+    return cast_floating(inputs, torch.float16)

@@ -16,15 +16,7 @@ from torch.nn.utils import stateless
 
 from deepspeed_ext.utils.logging import logger
 
-
-def _cast(value: Any, dtype: torch.dtype) -> Any:
-    if torch.is_tensor(value) and value.is_floating_point():
-        return value.to(dtype)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_cast(v, dtype) for v in value)
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype) for k, v in value.items()}
-    return value
+from .dtypes import cast_floating
 
 
 def _fp32_forward(module: torch.nn.Module, model_dtype: torch.dtype) -> Any:
@@ -33,8 +25,9 @@ def _fp32_forward(module: torch.nn.Module, model_dtype: torch.dtype) -> Any:
     def run_in_fp32(*args: Any, **kwargs: Any) -> Any:
         own = {n: p.float() for n, p in module.named_parameters(recurse=False)}
         with stateless._reparametrize_module(module, own):
-            out = forward(*_cast(args, torch.float32), **_cast(kwargs, torch.float32))
-        return _cast(out, model_dtype)
+            up = torch.float32
+            out = forward(*cast_floating(args, up), **cast_floating(kwargs, up))
+        return cast_floating(out, model_dtype)
 
     return run_in_fp32
 
