@@ -29,39 +29,10 @@ from deepspeed_ext.accelerator import get_accelerator
 from .checked import ALL_GATHER_OP, REDUCE_SCATTER_OP, all_gather_into, dist, is_host_group, parts
 from .comms_logging import logical_call
 from .exchange import Exchange, make_room, pays
+from .handles import Completed, Joined
 from .layout import AxisGroup, axis_of, resolve
 
 _REDUCE_SCATTER = getattr(dist, REDUCE_SCATTER_OP)
-
-
-class _Done:
-    def wait(self) -> None:
-        return None
-
-
-class _All:
-    """Pending collectives that complete together."""
-
-    def __init__(self, works: list[Any]) -> None:
-        self.works = works
-
-    def wait(self, *args: Any) -> None:
-        for work in self.works:
-            work.wait(*args)
-        self.works = []
-
-
-class _Then:
-    """A pending collective, and what to do once it is complete."""
-
-    def __init__(self, work: Any, then: Any) -> None:
-        self.work, self.then = work, then
-
-    def wait(self, *args: Any) -> None:
-        self.work.wait(*args)
-        if self.then is not None:
-            self.then()
-            self.then = None
 
 
 def _in_place(pg: Any) -> bool:
@@ -91,7 +62,7 @@ def reduce_scatter_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = 
     if size == 1:
         if out.data_ptr() != bucket.data_ptr():
             out.copy_(bucket)
-        return _Done()
+        return Completed()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         axis = axis_of(group)
         if _peer_to_peer(bucket, axis, pg):
@@ -113,7 +84,7 @@ def all_reduce_bucket(out: torch.Tensor, bucket: torch.Tensor, group: Any = None
     if size == 1:
         if out.data_ptr() != bucket.data_ptr():
             out.copy_(bucket)
-        return _Done()
+        return Completed()
     return _all_reduce_own(out, bucket, group, pg, size)
 
 
@@ -123,7 +94,7 @@ def _all_reduce_own(out: torch.Tensor, bucket: torch.Tensor, group: Any, pg: Any
     own = bucket[lo:hi]
     if own.data_ptr() == out.data_ptr():
         return work
-    return _Then(work, lambda: out.copy_(own))
+    return Joined([work], lambda: out.copy_(own))
 
 
 def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = None) -> Any:
@@ -131,7 +102,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
     pg, size = resolve(group)
     if size == 1:
         bucket.copy_(chunk)
-        return _Done()
+        return Completed()
     if _in_place(pg):  # [Note: in-place collectives on gloo]
         axis = axis_of(group)
         c = bucket.numel() // size
@@ -146,7 +117,7 @@ def all_gather_bucket(bucket: torch.Tensor, chunk: torch.Tensor, group: Any = No
             ALL_GATHER_OP,
             bucket.nbytes,
             size,
-            lambda: _All(
+            lambda: Joined(
                 [
                     parts.broadcast(bucket[i * c : (i + 1) * c], src=src, group=pg, async_op=True)
                     for i, src in enumerate(axis.ranks)
